@@ -1,0 +1,174 @@
+// Package netns opens caller-supplied network namespace paths safely and
+// runs netlink work (policy routing) inside them without ever moving a
+// thread of the calling process into the namespace.
+package netns
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// Errors callers can tell apart with errors.Is. The server maps them to
+// gRPC codes; nothing else should need to know which check failed.
+var (
+	// ErrNotExist: nothing at the path (or a dangling symlink).
+	ErrNotExist = errors.New("network namespace path does not exist")
+	// ErrNotNetns: the path exists but is not a network namespace file.
+	ErrNotNetns = errors.New("not a network namespace")
+	// ErrHostNetns: the path names the node's own network namespace (or
+	// another namespace this process is told to protect).
+	ErrHostNetns = errors.New("refusing the node's own network namespace")
+	// ErrNotAbsolute: relative paths depend on the daemon's working
+	// directory, which a caller neither knows nor controls.
+	ErrNotAbsolute = errors.New("network namespace path must be absolute")
+)
+
+// ID identifies a namespace for as long as it exists: the device and inode
+// of its nsfs file. A path that later names a different namespace has a
+// different ID.
+type ID struct {
+	Dev uint64
+	Ino uint64
+}
+
+// String renders the ID as "dev:ino", the form stored in state records.
+func (id ID) String() string { return fmt.Sprintf("%d:%d", id.Dev, id.Ino) }
+
+// IsZero reports whether the ID is unset.
+func (id ID) IsZero() bool { return id == ID{} }
+
+// ParseID reads the "dev:ino" form produced by String.
+func ParseID(s string) (ID, error) {
+	var id ID
+	if _, err := fmt.Sscanf(s, "%d:%d", &id.Dev, &id.Ino); err != nil {
+		return ID{}, fmt.Errorf("parse namespace id %q: %w", s, err)
+	}
+	return id, nil
+}
+
+// Handle is an open, validated network namespace. Everything done to the
+// namespace after Open goes through Fd, so a path swapped after the checks
+// cannot redirect the work elsewhere.
+type Handle struct {
+	fd   int
+	path string
+	id   ID
+}
+
+// Fd is the open namespace file descriptor, valid until Close.
+func (h *Handle) Fd() int { return h.fd }
+
+// Path is the path the handle was opened from, for logs and records.
+func (h *Handle) Path() string { return h.path }
+
+// ID is the namespace identity (dev:ino) read from the open fd.
+func (h *Handle) ID() ID { return h.id }
+
+// Close releases the fd. Safe to call twice.
+func (h *Handle) Close() error {
+	if h == nil || h.fd < 0 {
+		return nil
+	}
+	err := unix.Close(h.fd)
+	h.fd = -1
+	return err
+}
+
+// Guard opens namespace paths and refuses the ones that must never be
+// programmed: the namespace of this process, that of PID 1 (the node), and
+// any extra namespaces named at construction (for example a configured
+// node namespace).
+type Guard struct {
+	protected []ID
+}
+
+// NewGuard builds a Guard that protects this process's namespace, PID 1's
+// and the namespaces at extraProtected (each must exist and be a network
+// namespace).
+func NewGuard(extraProtected ...string) (*Guard, error) {
+	g := &Guard{}
+	for _, p := range append([]string{"/proc/self/ns/net", "/proc/1/ns/net"}, extraProtected...) {
+		id, err := statID(p)
+		if err != nil {
+			// PID 1's namespace is unreadable in some sandboxes (no
+			// CAP_SYS_PTRACE over it); our own must always be readable.
+			if p == "/proc/1/ns/net" && errors.Is(err, os.ErrPermission) {
+				continue
+			}
+			return nil, fmt.Errorf("protect namespace %s: %w", p, err)
+		}
+		g.protected = append(g.protected, id)
+	}
+	return g, nil
+}
+
+// Protected returns the identities this guard refuses.
+func (g *Guard) Protected() []ID { return append([]ID(nil), g.protected...) }
+
+// Open opens path once and checks the opened file itself: it must live on
+// nsfs, be a network namespace, and not be a protected namespace. Symlinks
+// (including /proc/PID/ns/net) are followed; the checks apply to whatever
+// was actually opened.
+func (g *Guard) Open(path string) (*Handle, error) {
+	if !filepath.IsAbs(path) {
+		return nil, fmt.Errorf("%q: %w", path, ErrNotAbsolute)
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+			return nil, fmt.Errorf("%s: %w", path, ErrNotExist)
+		}
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	h := &Handle{fd: fd, path: path}
+	if err := g.check(h); err != nil {
+		h.Close()
+		return nil, err
+	}
+	return h, nil
+}
+
+func (g *Guard) check(h *Handle) error {
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(h.fd, &fs); err != nil {
+		return fmt.Errorf("statfs %s: %w", h.path, err)
+	}
+	if fs.Type != unix.NSFS_MAGIC {
+		return fmt.Errorf("%s is not a namespace file: %w", h.path, ErrNotNetns)
+	}
+	nstype, err := unix.IoctlRetInt(h.fd, unix.NS_GET_NSTYPE)
+	if err != nil {
+		return fmt.Errorf("query namespace type of %s: %w", h.path, err)
+	}
+	if nstype != unix.CLONE_NEWNET {
+		return fmt.Errorf("%s is a namespace of another kind: %w", h.path, ErrNotNetns)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(h.fd, &st); err != nil {
+		return fmt.Errorf("stat %s: %w", h.path, err)
+	}
+	h.id = ID{Dev: st.Dev, Ino: st.Ino}
+	for _, p := range g.protected {
+		if p == h.id {
+			return fmt.Errorf("%s (%s): %w", h.path, h.id, ErrHostNetns)
+		}
+	}
+	return nil
+}
+
+// StatID returns the identity of the namespace at path without keeping it
+// open, following symlinks. It does not validate the file's kind.
+func statID(path string) (ID, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+			return ID{}, fmt.Errorf("stat %s: %w", path, os.ErrPermission)
+		}
+		return ID{}, fmt.Errorf("stat %s: %w", path, err)
+	}
+	return ID{Dev: st.Dev, Ino: st.Ino}, nil
+}

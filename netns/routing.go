@@ -1,0 +1,230 @@
+package netns
+
+import (
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/vishvananda/netlink"
+	vnetns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// Routing is the policy routing that returns marked packets to local
+// sockets: `ip rule add fwmark Mark/Mask pref Priority lookup Table` and
+// `ip route add local default dev lo table Table`, per address family.
+type Routing struct {
+	Mark     uint32
+	Mask     uint32
+	Table    int
+	Priority int
+}
+
+// DefaultRouting matches the in-pod routing ztunnel-compatible agents use.
+func DefaultRouting() Routing {
+	return Routing{Mark: 0x111, Mask: 0xfff, Table: 100, Priority: 32764}
+}
+
+// Validate rejects values the kernel would refuse or misinterpret.
+func (r Routing) Validate() error {
+	switch {
+	case r.Mask == 0:
+		return errors.New("routing mark mask must not be zero")
+	case r.Mark&^r.Mask != 0:
+		return fmt.Errorf("routing mark %#x has bits outside mask %#x", r.Mark, r.Mask)
+	case r.Table <= 0 || r.Table == unix.RT_TABLE_MAIN || r.Table == unix.RT_TABLE_LOCAL || r.Table == unix.RT_TABLE_DEFAULT || r.Table >= unix.RT_TABLE_MAX:
+		return fmt.Errorf("route table %d is reserved or out of range", r.Table)
+	case r.Priority <= 0 || r.Priority >= 32766:
+		return fmt.Errorf("rule priority %d must be in 1..32765 (before the main table)", r.Priority)
+	}
+	return nil
+}
+
+// RoutingState says which families have the rule and route in place.
+type RoutingState struct {
+	V4Rule, V4Route bool
+	V6Rule, V6Route bool
+	// V6Capable is whether the namespace has IPv6 on its loopback at all.
+	V6Capable bool
+}
+
+// Complete reports whether every family the namespace supports is set up.
+func (s RoutingState) Complete() bool {
+	if !s.V4Rule || !s.V4Route {
+		return false
+	}
+	return !s.V6Capable || (s.V6Rule && s.V6Route)
+}
+
+// Absent reports whether none of our rules or routes exist.
+func (s RoutingState) Absent() bool {
+	return !s.V4Rule && !s.V4Route && !s.V6Rule && !s.V6Route
+}
+
+// routeHandle opens an rtnetlink socket inside the namespace. Only
+// NETLINK_ROUTE is asked for: NewHandleAt otherwise opens XFRM and
+// NETFILTER sockets too.
+func routeHandle(h *Handle) (*netlink.Handle, error) {
+	nh, err := netlink.NewHandleAt(vnetns.NsHandle(h.fd), unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("rtnetlink in %s: %w", h.path, err)
+	}
+	return nh, nil
+}
+
+func (r Routing) rule(family int) *netlink.Rule {
+	rule := netlink.NewRule()
+	rule.Family = family
+	rule.Table = r.Table
+	rule.Mark = r.Mark
+	mask := r.Mask
+	rule.Mask = &mask
+	rule.Priority = r.Priority
+	return rule
+}
+
+func (r Routing) route(family int, loIndex int) *netlink.Route {
+	dst := &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
+	if family == unix.AF_INET6 {
+		dst = &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
+	}
+	return &netlink.Route{
+		Family:    family,
+		Dst:       dst,
+		Type:      unix.RTN_LOCAL,
+		Scope:     netlink.SCOPE_HOST,
+		Table:     r.Table,
+		LinkIndex: loIndex,
+	}
+}
+
+// families returns AF_INET and, when loopback has IPv6, AF_INET6. A
+// namespace with IPv6 disabled refuses v6 routes, so it is skipped rather
+// than failed.
+func families(nh *netlink.Handle) (lo netlink.Link, fams []int, err error) {
+	lo, err = nh.LinkByName("lo")
+	if err != nil {
+		return nil, nil, fmt.Errorf("find lo: %w", err)
+	}
+	fams = []int{unix.AF_INET}
+	addrs, err := nh.AddrList(lo, unix.AF_INET6)
+	if err != nil && !errors.Is(err, unix.EAFNOSUPPORT) {
+		return nil, nil, fmt.Errorf("list lo IPv6 addresses: %w", err)
+	}
+	if len(addrs) > 0 {
+		fams = append(fams, unix.AF_INET6)
+	}
+	return lo, fams, nil
+}
+
+// EnsureRouting installs the local route and then the fwmark rule for each
+// family (route first, so the rule never points at an empty table).
+// Existing entries are left as they are; calling it twice is harmless.
+func EnsureRouting(h *Handle, r Routing) error {
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	nh, err := routeHandle(h)
+	if err != nil {
+		return err
+	}
+	defer nh.Close()
+	lo, fams, err := families(nh)
+	if err != nil {
+		return err
+	}
+	if lo.Attrs().Flags&net.FlagUp == 0 {
+		// A local route through a down lo is rejected (ENETDOWN); runtimes
+		// bring lo up in the sandbox, and so do we if it is not yet.
+		if err := nh.LinkSetUp(lo); err != nil {
+			return fmt.Errorf("bring up lo: %w", err)
+		}
+	}
+	for _, fam := range fams {
+		if err := nh.RouteReplace(r.route(fam, lo.Attrs().Index)); err != nil {
+			return fmt.Errorf("add local route (family %d, table %d): %w", fam, r.Table, err)
+		}
+		if err := nh.RuleAdd(r.rule(fam)); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("add fwmark rule (family %d): %w", fam, err)
+		}
+	}
+	return nil
+}
+
+// RemoveRouting deletes the rule and then the route for each family. It
+// succeeds when they are already gone.
+func RemoveRouting(h *Handle, r Routing) error {
+	nh, err := routeHandle(h)
+	if err != nil {
+		return err
+	}
+	defer nh.Close()
+	lo, err := nh.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("find lo: %w", err)
+	}
+	var errs []error
+	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
+		// The kernel deletes at most one matching rule per call; loop in
+		// case an earlier crash or a bug left duplicates behind.
+		for i := 0; i < 16; i++ {
+			err := nh.RuleDel(r.rule(fam))
+			if err != nil {
+				if !isGone(err) {
+					errs = append(errs, fmt.Errorf("delete fwmark rule (family %d): %w", fam, err))
+				}
+				break
+			}
+		}
+		if err := nh.RouteDel(r.route(fam, lo.Attrs().Index)); err != nil && !isGone(err) {
+			errs = append(errs, fmt.Errorf("delete local route (family %d): %w", fam, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// InspectRouting reports what of our routing exists in the namespace.
+func InspectRouting(h *Handle, r Routing) (RoutingState, error) {
+	var st RoutingState
+	nh, err := routeHandle(h)
+	if err != nil {
+		return st, err
+	}
+	defer nh.Close()
+	lo, fams, err := families(nh)
+	if err != nil {
+		return st, err
+	}
+	st.V6Capable = len(fams) == 2
+	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
+		rules, err := nh.RuleListFiltered(fam, r.rule(fam), netlink.RT_FILTER_TABLE|netlink.RT_FILTER_MARK|netlink.RT_FILTER_MASK|netlink.RT_FILTER_PRIORITY)
+		if err != nil && !errors.Is(err, unix.EAFNOSUPPORT) {
+			return st, fmt.Errorf("list rules (family %d): %w", fam, err)
+		}
+		routes, err := nh.RouteListFiltered(fam, &netlink.Route{Table: r.Table}, netlink.RT_FILTER_TABLE)
+		if err != nil && !errors.Is(err, unix.EAFNOSUPPORT) {
+			return st, fmt.Errorf("list routes (family %d): %w", fam, err)
+		}
+		hasRoute := false
+		for _, rt := range routes {
+			isDefault := rt.Dst == nil
+			if rt.Dst != nil {
+				ones, _ := rt.Dst.Mask.Size()
+				isDefault = ones == 0
+			}
+			if rt.Type == unix.RTN_LOCAL && rt.LinkIndex == lo.Attrs().Index && isDefault {
+				hasRoute = true
+			}
+		}
+		if fam == unix.AF_INET {
+			st.V4Rule, st.V4Route = len(rules) > 0, hasRoute
+		} else {
+			st.V6Rule, st.V6Route = len(rules) > 0, hasRoute
+		}
+	}
+	return st, nil
+}
+
+func isGone(err error) bool {
+	return errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH) || errors.Is(err, unix.EAFNOSUPPORT)
+}

@@ -1,0 +1,45 @@
+package nft
+
+import (
+	"context"
+
+	"github.com/nftredir/nftredir/netns"
+)
+
+// Status is what Verify found in a namespace.
+type Status int
+
+const (
+	// StatusInSync: our table is exactly the ruleset asked about.
+	StatusInSync Status = iota
+	// StatusDrifted: our table exists but differs (rules added, removed,
+	// reordered, edited, or built from another spec).
+	StatusDrifted
+	// StatusAbsent: there is no table of ours.
+	StatusAbsent
+)
+
+func (s Status) String() string {
+	switch s {
+	case StatusInSync:
+		return "in sync"
+	case StatusDrifted:
+		return "drifted"
+	case StatusAbsent:
+		return "absent"
+	}
+	return "unknown"
+}
+
+// Applier programs rulesets into namespaces. Netlink is the real one;
+// tests of callers can use Fake.
+type Applier interface {
+	// Apply replaces our table with rs in one kernel transaction: on error
+	// the previous table (or its absence) is left exactly as it was.
+	Apply(ctx context.Context, ns *netns.Handle, rs *Ruleset) error
+	// Remove deletes our table; it succeeds when the table is absent.
+	Remove(ctx context.Context, ns *netns.Handle) error
+	// Verify compares the live table with rs. The returned text describes
+	// the live table (rs's rendering for rules that match it).
+	Verify(ctx context.Context, ns *netns.Handle, rs *Ruleset) (Status, string, error)
+}

@@ -1,0 +1,217 @@
+// Package nft turns a pod's capture spec into the nftables ruleset nftredir
+// owns inside the pod's network namespace, applies it in one netlink batch,
+// and tells whether what is in the kernel still matches.
+//
+// Building is pure: Build reads no files and opens no sockets, so the
+// ruleset can be rendered, logged and golden-tested anywhere. Only Netlink
+// (the applier) talks to the kernel.
+package nft
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"maps"
+	"slices"
+)
+
+// TableName is the one inet table nftredir owns in every pod namespace.
+// Nothing else in the namespace is ever read-modify-written.
+const TableName = "nftredir"
+
+// Mode selects how inbound TCP reaches the proxy.
+type Mode int
+
+const (
+	// ModeTProxy delivers inbound TCP with nft tproxy to transparent
+	// listeners; the accepted socket's local address is the original
+	// destination. No NAT.
+	ModeTProxy Mode = iota
+	// ModeRedirect NATs inbound TCP to the plaintext port; the original
+	// destination is read with SO_ORIGINAL_DST.
+	ModeRedirect
+)
+
+func (m Mode) String() string {
+	switch m {
+	case ModeTProxy:
+		return "TPROXY"
+	case ModeRedirect:
+		return "REDIRECT"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
+// ParseMode accepts the names String returns, case-sensitively.
+func ParseMode(s string) (Mode, error) {
+	switch s {
+	case "TPROXY":
+		return ModeTProxy, nil
+	case "REDIRECT":
+		return ModeRedirect, nil
+	}
+	return 0, fmt.Errorf("unknown capture mode %q (want TPROXY or REDIRECT)", s)
+}
+
+// Mark is a packet or connection mark under a mask: only the masked bits
+// are matched or set, so other users of the mark keep their bits.
+type Mark struct {
+	Value uint32
+	Mask  uint32
+}
+
+func (m Mark) validate(name string) error {
+	if m.Mask == 0 {
+		return fmt.Errorf("%s mask must not be zero", name)
+	}
+	if m.Value&^m.Mask != 0 {
+		return fmt.Errorf("%s %#x has bits outside its mask %#x", name, m.Value, m.Mask)
+	}
+	if m.Value == 0 {
+		return fmt.Errorf("%s must not be zero (unmarked packets would match)", name)
+	}
+	return nil
+}
+
+// Limits on list sizes: one rule is emitted per entry, and a request that
+// asks for thousands is a mistake, not a configuration.
+const (
+	MaxExcludedPorts = 64
+	MaxExcludedCIDRs = 64
+)
+
+// Spec is everything the ruleset depends on. Two equal Specs build
+// identical rulesets.
+type Spec struct {
+	// PodID tags every rule (in its comment) so `nft list` shows whose
+	// rules they are.
+	PodID string
+	Mode  Mode
+
+	OutboundPort     uint16 // outgoing TCP is redirected here (15001)
+	InboundPort      uint16 // incoming plaintext TCP goes here (15006)
+	InboundHBONEPort uint16 // incoming tunnel TCP goes here (15008)
+	DNSPort          uint16 // DNS goes here when CaptureDNS (15053)
+
+	ProxyMark  Mark // set by the proxy on its own sockets (0x539/0xfff)
+	TProxyMark Mark // set on tproxied packets and proxy connections (0x111/0xfff)
+
+	// ProbeSourceV4/V6: kubelet probes SNATed to these on the node bypass
+	// capture. A zero address omits the rule for that family.
+	ProbeSourceV4 netip.Addr
+	ProbeSourceV6 netip.Addr
+
+	CaptureDNS bool
+	// IPv6 captures IPv6 as well as IPv4. Off, IPv6 traffic passes
+	// untouched.
+	IPv6 bool
+	// NoInboundCapture is the "ingress" mode: only outbound is captured.
+	NoInboundCapture bool
+
+	ExcludeInboundPorts  []uint16
+	ExcludeOutboundPorts []uint16
+	ExcludeOutboundCIDRs []netip.Prefix
+}
+
+// DefaultSpec is the ztunnel-compatible spec for podID.
+func DefaultSpec(podID string) Spec {
+	return Spec{
+		PodID:            podID,
+		Mode:             ModeTProxy,
+		OutboundPort:     15001,
+		InboundPort:      15006,
+		InboundHBONEPort: 15008,
+		DNSPort:          15053,
+		ProxyMark:        Mark{Value: 0x539, Mask: 0xfff},
+		TProxyMark:       Mark{Value: 0x111, Mask: 0xfff},
+		ProbeSourceV4:    netip.MustParseAddr("169.254.7.127"),
+		ProbeSourceV6:    netip.MustParseAddr("fd16:9254:7127:1337:ffff:ffff:ffff:ffff"),
+		IPv6:             true,
+	}
+}
+
+// MaxPodIDLen keeps the rule comment within the kernel's 256-byte userdata.
+const MaxPodIDLen = 128
+
+// Validate checks the spec without touching the kernel; Build calls it.
+func (s Spec) Validate() error {
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if s.PodID == "" {
+		add("pod id is required")
+	}
+	if len(s.PodID) > MaxPodIDLen {
+		add("pod id is %d bytes, at most %d allowed", len(s.PodID), MaxPodIDLen)
+	}
+	for _, r := range s.PodID {
+		if r < 0x20 || r == 0x7f || r == '"' || r == '\\' {
+			add("pod id %q contains a control character, quote or backslash", s.PodID)
+			break
+		}
+	}
+	if s.Mode != ModeTProxy && s.Mode != ModeRedirect {
+		add("unknown capture mode %d", int(s.Mode))
+	}
+	ports := map[string]uint16{
+		"outbound port": s.OutboundPort, "inbound port": s.InboundPort,
+		"inbound HBONE port": s.InboundHBONEPort,
+	}
+	if s.CaptureDNS {
+		ports["DNS port"] = s.DNSPort
+	}
+	seen := map[uint16]string{}
+	for _, name := range slices.Sorted(maps.Keys(ports)) {
+		p := ports[name]
+		if p == 0 {
+			add("%s must be set", name)
+			continue
+		}
+		if other, dup := seen[p]; dup {
+			add("%s and %s are both %d", other, name, p)
+		}
+		seen[p] = name
+	}
+	if err := s.ProxyMark.validate("proxy mark"); err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.TProxyMark.validate("tproxy mark"); err != nil {
+		errs = append(errs, err)
+	}
+	if s.ProxyMark.Mask&s.TProxyMark.Mask != 0 && s.ProxyMark.Value&s.TProxyMark.Mask == s.TProxyMark.Value&s.ProxyMark.Mask {
+		add("proxy mark %#x and tproxy mark %#x are indistinguishable", s.ProxyMark.Value, s.TProxyMark.Value)
+	}
+	if s.ProbeSourceV4.IsValid() && !s.ProbeSourceV4.Is4() {
+		add("IPv4 probe source %s is not an IPv4 address", s.ProbeSourceV4)
+	}
+	if s.ProbeSourceV6.IsValid() && (!s.ProbeSourceV6.Is6() || s.ProbeSourceV6.Is4In6()) {
+		add("IPv6 probe source %s is not an IPv6 address", s.ProbeSourceV6)
+	}
+	checkPorts := func(name string, ps []uint16) {
+		if len(ps) > MaxExcludedPorts {
+			add("%d %s, at most %d allowed", len(ps), name, MaxExcludedPorts)
+		}
+		for _, p := range ps {
+			if p == 0 {
+				add("%s: port 0 is not a port", name)
+			}
+		}
+	}
+	checkPorts("excluded inbound ports", s.ExcludeInboundPorts)
+	checkPorts("excluded outbound ports", s.ExcludeOutboundPorts)
+	if len(s.ExcludeOutboundCIDRs) > MaxExcludedCIDRs {
+		add("%d excluded outbound CIDRs, at most %d allowed", len(s.ExcludeOutboundCIDRs), MaxExcludedCIDRs)
+	}
+	for _, c := range s.ExcludeOutboundCIDRs {
+		switch {
+		case !c.IsValid():
+			add("excluded outbound CIDR %v is invalid", c)
+		case c.Addr().Is4In6():
+			add("excluded outbound CIDR %s: write IPv4 ranges in IPv4 form", c)
+		case c != c.Masked():
+			add("excluded outbound CIDR %s has host bits set (did you mean %s?)", c, c.Masked())
+		case c.Addr().Is6() && !s.IPv6:
+			add("excluded outbound CIDR %s is IPv6 but IPv6 capture is off", c)
+		}
+	}
+	return errors.Join(errs...)
+}
