@@ -1,0 +1,328 @@
+package nft
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// builderVersion is folded into the digest so that a daemon whose rules
+// changed re-applies every table it finds built by an older version.
+const builderVersion = "1"
+
+// baseChain is one row of the static skeleton. Every chain is a base chain:
+// the rules are few, and without jumps a listing reads top to bottom.
+type baseChain struct {
+	name     string
+	typ      nftables.ChainType
+	hook     *nftables.ChainHook
+	priority int32
+}
+
+var (
+	// Skips conntrack for nothing; it only moves DNS between the proxy and
+	// the upstream resolver into their own conntrack zone, so the proxy's
+	// query cannot collide with the app's redirected one. Must run before
+	// conntrack (-200).
+	rawPrerouting = baseChain{"raw-prerouting", nftables.ChainTypeFilter, nftables.ChainHookPrerouting, -300}
+	rawOutput     = baseChain{"raw-output", nftables.ChainTypeFilter, nftables.ChainHookOutput, -300}
+	// Runs after conntrack so ct mark and ct state are known, before NAT.
+	// TPROXY mode does its inbound capture here.
+	manglePrerouting = baseChain{"mangle-prerouting", nftables.ChainTypeFilter, nftables.ChainHookPrerouting, -150}
+	// A route chain: changing the mark re-routes the packet, which is how
+	// replies restored to the tproxy mark find table 100.
+	mangleOutput = baseChain{"mangle-output", nftables.ChainTypeRoute, nftables.ChainHookOutput, -150}
+	// REDIRECT mode's inbound capture. -100 (dstnat) in numbers: nft 1.0.6
+	// rejects the symbolic name for the output hook in inet tables.
+	natPrerouting = baseChain{"nat-prerouting", nftables.ChainTypeNAT, nftables.ChainHookPrerouting, -100}
+	// Outbound capture in both modes.
+	natOutput = baseChain{"nat-output", nftables.ChainTypeNAT, nftables.ChainHookOutput, -100}
+)
+
+// Build turns a spec into the ruleset for our table. It does no I/O.
+func Build(s Spec) (*Ruleset, error) {
+	if err := s.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid spec for pod %q: %w", s.PodID, err)
+	}
+	b := builder{spec: s}
+	if s.CaptureDNS {
+		b.rawPrerouting()
+		b.rawOutput()
+	}
+	b.manglePrerouting()
+	b.mangleOutput()
+	if s.Mode == ModeRedirect && !s.NoInboundCapture {
+		b.natPrerouting()
+	}
+	b.natOutput()
+
+	rs := &Ruleset{Spec: s, Chains: b.chains}
+	digest, err := specDigest(s)
+	if err != nil {
+		return nil, err
+	}
+	rs.Digest = digest
+	return rs, nil
+}
+
+// specDigest is a short hash of the spec and the builder version. The pod
+// id is part of the spec, so one pod's table never verifies as another's.
+func specDigest(s Spec) (string, error) {
+	canon := s
+	canon.ExcludeOutboundCIDRs = nil
+	raw, err := json.Marshal(struct {
+		Version string
+		Spec    Spec
+		CIDRs   []string
+	}{builderVersion, canon, prefixStrings(s.ExcludeOutboundCIDRs)})
+	if err != nil {
+		return "", fmt.Errorf("digest spec: %w", err)
+	}
+	sum := sha256.Sum256(raw)
+	return hex.EncodeToString(sum[:8]), nil
+}
+
+func prefixStrings(ps []netip.Prefix) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.String()
+	}
+	return out
+}
+
+// Comment is the comment every rule of rs carries: whose table it is and
+// which spec built it.
+func (rs *Ruleset) Comment() string {
+	return fmt.Sprintf("nftredir pod=%s digest=%s", rs.Spec.PodID, rs.Digest)
+}
+
+type builder struct {
+	spec   Spec
+	chains []Chain
+}
+
+func (b *builder) chain(c baseChain, rules ...Rule) {
+	b.chains = append(b.chains, Chain{Name: c.name, Type: c.typ, Hook: c.hook, Priority: c.priority, Rules: rules})
+}
+
+func (b *builder) rawPrerouting() {
+	s := b.spec
+	b.chain(rawPrerouting,
+		// Upstream DNS replies to the proxy join the proxy's zone.
+		// nft: meta mark & 0x00000fff != 0x00000539 udp sport 53 ct zone set 1
+		rule(markIs(s.ProxyMark, false), portMatch(unix.IPPROTO_UDP, "udp", 53, true), setCtZone(1)),
+	)
+}
+
+func (b *builder) rawOutput() {
+	s := b.spec
+	b.chain(rawOutput,
+		// The proxy's own DNS queries go to zone 1.
+		// nft: meta mark & 0x00000fff == 0x00000539 udp dport 53 ct zone set 1
+		rule(markIs(s.ProxyMark, true), portMatch(unix.IPPROTO_UDP, "udp", 53, false), setCtZone(1)),
+	)
+}
+
+// probeSources lists the probe addresses for the families we capture.
+func (b *builder) probeAddrs() []netip.Addr {
+	var out []netip.Addr
+	if b.spec.ProbeSourceV4.IsValid() {
+		out = append(out, b.spec.ProbeSourceV4)
+	}
+	if b.spec.IPv6 && b.spec.ProbeSourceV6.IsValid() {
+		out = append(out, b.spec.ProbeSourceV6)
+	}
+	return out
+}
+
+// ipv6Bypass returns the rule that lets IPv6 through untouched when IPv6
+// capture is off, or nothing.
+func (b *builder) ipv6Bypass() []Rule {
+	if b.spec.IPv6 {
+		return nil
+	}
+	// nft: meta nfproto ipv6 accept
+	return []Rule{rule(nfproto(unix.NFPROTO_IPV6, "ipv6"), accept())}
+}
+
+// inboundBypass is what inbound capture never touches, in both modes.
+func (b *builder) inboundBypass() []Rule {
+	s := b.spec
+	rules := b.ipv6Bypass()
+	// Loopback traffic inside the pod, including the proxy talking to the
+	// app, is never captured.
+	// nft: iifname "lo" accept
+	rules = append(rules, rule(ifaceIs(expr.MetaKeyIIFNAME, "iifname", "lo"), accept()))
+	// Kubelet probes, SNATed on the node to the probe address.
+	// nft: ip saddr 169.254.7.127 accept
+	for _, a := range b.probeAddrs() {
+		rules = append(rules, rule(addrMatch(netip.PrefixFrom(a, a.BitLen()), true), accept()))
+	}
+	// nft: tcp dport 22 accept
+	for _, p := range s.ExcludeInboundPorts {
+		rules = append(rules, rule(portMatch(unix.IPPROTO_TCP, "tcp", p, false), accept()))
+	}
+	return rules
+}
+
+func (b *builder) manglePrerouting() {
+	s := b.spec
+	rules := []Rule{
+		// A packet from one of the proxy's sockets entering the pod stack
+		// (the proxy talking to the app with the client's address as
+		// source) marks its connection, so the app's replies can be
+		// routed back to the proxy instead of out of the pod.
+		// nft: meta mark & 0x00000fff == 0x00000539 ct mark set ct mark & 0xfffff000 | 0x00000111
+		rule(markIs(s.ProxyMark, true), setCtMark(s.TProxyMark)),
+	}
+	if s.Mode == ModeTProxy && !s.NoInboundCapture {
+		rules = append(rules, b.inboundBypass()...)
+		rules = append(rules,
+			// Packets of connections already delivered to a transparent
+			// socket keep the tproxy mark so policy routing delivers them
+			// locally; it must precede the established accept, or the
+			// handshake's final ACK to a non-local address is routed away.
+			// nft: meta l4proto tcp socket transparent 1 meta mark set meta mark & 0xfffff000 | 0x00000111 accept
+			rule(l4proto(unix.IPPROTO_TCP, "tcp"), socketTransparent(), setMark(s.TProxyMark), accept()),
+			// Connections that are not ours to capture (replies to the
+			// proxy's upstream connections, the app's existing ones).
+			// nft: ct state established,related accept
+			rule(ctStateEstablished(), accept()),
+			// Tunnel traffic goes to the proxy's HBONE listener.
+			// nft: tcp dport 15008 meta mark & 0x00000fff != 0x00000539 tproxy to :15008 meta mark set ... accept
+			rule(portMatch(unix.IPPROTO_TCP, "tcp", s.InboundHBONEPort, false), markIs(s.ProxyMark, false),
+				tproxyTo(s.InboundHBONEPort), setMark(s.TProxyMark), accept()),
+			// Everything else inbound goes to the plaintext listener.
+			// nft: meta l4proto tcp meta mark & 0x00000fff != 0x00000539 tproxy to :15006 meta mark set ... accept
+			rule(l4proto(unix.IPPROTO_TCP, "tcp"), markIs(s.ProxyMark, false),
+				tproxyTo(s.InboundPort), setMark(s.TProxyMark), accept()),
+		)
+	}
+	b.chain(manglePrerouting, rules...)
+}
+
+func (b *builder) mangleOutput() {
+	s := b.spec
+	b.chain(mangleOutput,
+		// The app's replies on connections the proxy opened into the pod
+		// get the tproxy mark back from the connection, so the fwmark rule
+		// sends them to the local table and thus to the proxy.
+		// nft: ct mark & 0x00000fff == 0x00000111 meta mark set ct mark
+		rule(ctMarkIs(s.TProxyMark), restoreMark()),
+	)
+}
+
+func (b *builder) natPrerouting() {
+	s := b.spec
+	rules := b.inboundBypass()
+	rules = append(rules,
+		// The proxy listens on the HBONE port itself; leave it alone.
+		// nft: tcp dport 15008 accept
+		rule(portMatch(unix.IPPROTO_TCP, "tcp", s.InboundHBONEPort, false), accept()),
+		// nft: meta l4proto tcp meta mark & 0x00000fff != 0x00000539 redirect to :15006
+		rule(l4proto(unix.IPPROTO_TCP, "tcp"), markIs(s.ProxyMark, false), redirectTo(s.InboundPort)),
+	)
+	b.chain(natPrerouting, rules...)
+}
+
+func (b *builder) natOutput() {
+	s := b.spec
+	rules := []Rule{
+		// The proxy's own sockets are never captured.
+		// nft: meta mark & 0x00000fff == 0x00000539 accept
+		rule(markIs(s.ProxyMark, true), accept()),
+	}
+	rules = append(rules, b.ipv6Bypass()...)
+	// Replies to probes.
+	// nft: ip daddr 169.254.7.127 accept
+	for _, a := range b.probeAddrs() {
+		rules = append(rules, rule(addrMatch(netip.PrefixFrom(a, a.BitLen()), false), accept()))
+	}
+	rules = append(rules,
+		// Replies on connections the proxy opened into the pod.
+		// nft: meta mark & 0x00000fff == 0x00000111 accept
+		rule(markIs(s.TProxyMark, true), accept()),
+		// The app talking to itself (127.0.0.1, ::1 or its own IP).
+		// nft: oifname "lo" accept
+		rule(ifaceIs(expr.MetaKeyOIFNAME, "oifname", "lo"), accept()),
+	)
+	if s.CaptureDNS {
+		rules = append(rules,
+			// nft: udp dport 53 redirect to :15053
+			rule(portMatch(unix.IPPROTO_UDP, "udp", 53, false), redirectTo(s.DNSPort)),
+			// nft: tcp dport 53 redirect to :15053
+			rule(portMatch(unix.IPPROTO_TCP, "tcp", 53, false), redirectTo(s.DNSPort)),
+		)
+	}
+	// nft: tcp dport 5432 accept
+	for _, p := range s.ExcludeOutboundPorts {
+		rules = append(rules, rule(portMatch(unix.IPPROTO_TCP, "tcp", p, false), accept()))
+	}
+	// nft: ip daddr 10.0.0.0/8 accept
+	for _, c := range s.ExcludeOutboundCIDRs {
+		rules = append(rules, rule(addrMatch(c, false), accept()))
+	}
+	// Everything else the pod sends over TCP goes to the proxy.
+	// nft: meta l4proto tcp redirect to :15001
+	rules = append(rules, rule(l4proto(unix.IPPROTO_TCP, "tcp"), redirectTo(s.OutboundPort)))
+	b.chain(natOutput, rules...)
+}
+
+// String renders the ruleset the way `nft list table inet nftredir` prints
+// it, comments included.
+func (rs *Ruleset) String() string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "table inet %s {\n", TableName)
+	for i, c := range rs.Chains {
+		if i > 0 {
+			sb.WriteString("\n")
+		}
+		fmt.Fprintf(&sb, "\tchain %s {\n", c.Name)
+		fmt.Fprintf(&sb, "\t\ttype %s hook %s priority %s; policy accept;\n", c.Type, hookName(c.Hook), priorityName(c))
+		for _, r := range c.Rules {
+			fmt.Fprintf(&sb, "\t\t%s comment %q\n", r.Text, rs.Comment())
+		}
+		sb.WriteString("\t}\n")
+	}
+	sb.WriteString("}\n")
+	return sb.String()
+}
+
+func hookName(h *nftables.ChainHook) string {
+	switch *h {
+	case *nftables.ChainHookPrerouting:
+		return "prerouting"
+	case *nftables.ChainHookOutput:
+		return "output"
+	case *nftables.ChainHookInput:
+		return "input"
+	case *nftables.ChainHookPostrouting:
+		return "postrouting"
+	case *nftables.ChainHookForward:
+		return "forward"
+	}
+	return fmt.Sprintf("hook(%d)", *h)
+}
+
+// priorityName prints priorities the way nft does for the inet family:
+// symbolic names where one exists for the hook, otherwise the number.
+func priorityName(c Chain) string {
+	names := map[int32]string{-300: "raw", -150: "mangle", 0: "filter", 50: "security"}
+	if *c.Hook == *nftables.ChainHookPrerouting {
+		names[-100] = "dstnat"
+	}
+	if *c.Hook == *nftables.ChainHookPostrouting {
+		names[100] = "srcnat"
+	}
+	if n, ok := names[c.Priority]; ok {
+		return n
+	}
+	return fmt.Sprint(c.Priority)
+}

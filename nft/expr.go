@@ -1,0 +1,282 @@
+package nft
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// Each helper returns one nft "word" of a rule: the kernel expressions and
+// the text nft prints for them. Rules are assembled from these so the text
+// and the bytecode cannot disagree about what a rule contains.
+type part struct {
+	exprs []expr.Any
+	text  string
+}
+
+func rule(parts ...part) Rule {
+	var r Rule
+	for i, p := range parts {
+		r.Exprs = append(r.Exprs, p.exprs...)
+		if i > 0 {
+			r.Text += " "
+		}
+		r.Text += p.text
+	}
+	return r
+}
+
+func hex32(v uint32) string { return fmt.Sprintf("0x%08x", v) }
+
+func ne32(v uint32) []byte { return binaryutil.NativeEndian.PutUint32(v) }
+
+func be16(v uint16) []byte { return binaryutil.BigEndian.PutUint16(v) }
+
+// ifname pads an interface name the way the kernel compares it.
+func ifname(n string) []byte {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, n)
+	return b
+}
+
+// nft: meta l4proto tcp
+func l4proto(proto byte, name string) part {
+	return part{
+		exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+		},
+		text: "meta l4proto " + name,
+	}
+}
+
+// nft: meta nfproto ipv6
+func nfproto(proto byte, name string) part {
+	return part{
+		exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+		},
+		text: "meta nfproto " + name,
+	}
+}
+
+// nft: iifname "lo" / oifname "lo"
+func ifaceIs(key expr.MetaKey, word, name string) part {
+	return part{
+		exprs: []expr.Any{
+			&expr.Meta{Key: key, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(name)},
+		},
+		text: fmt.Sprintf("%s %q", word, name),
+	}
+}
+
+// nft: meta mark & 0x00000fff == 0x00000539 (or !=)
+func markIs(m Mark, equal bool) part {
+	op, sym := expr.CmpOpEq, "=="
+	if !equal {
+		op, sym = expr.CmpOpNeq, "!="
+	}
+	return part{
+		exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: ne32(m.Mask), Xor: ne32(0)},
+			&expr.Cmp{Op: op, Register: 1, Data: ne32(m.Value)},
+		},
+		text: fmt.Sprintf("meta mark & %s %s %s", hex32(m.Mask), sym, hex32(m.Value)),
+	}
+}
+
+// maskedSetText is the AND operand as nft 1.0.6 prints it: it shows the
+// bytecode's mask with the value's bits folded in (0xfffff111 for a
+// 0xfffff000 mask and 0x111 value). The kernel computes the same result
+// either way; matching the listing lets tests diff it against String().
+func maskedSetText(m Mark) string { return hex32(^m.Mask | m.Value) }
+
+// nft: meta mark set meta mark & 0xfffff000 | 0x00000111
+// Only the masked bits change, so marks other software keeps survive.
+func setMark(m Mark) part {
+	return part{
+		exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: ne32(^m.Mask), Xor: ne32(m.Value)},
+			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
+		},
+		text: fmt.Sprintf("meta mark set meta mark & %s | %s", maskedSetText(m), hex32(m.Value)),
+	}
+}
+
+// nft: ct mark set ct mark & 0xfffff000 | 0x00000111
+func setCtMark(m Mark) part {
+	return part{
+		exprs: []expr.Any{
+			&expr.Ct{Key: expr.CtKeyMARK, Register: 1},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: ne32(^m.Mask), Xor: ne32(m.Value)},
+			&expr.Ct{Key: expr.CtKeyMARK, Register: 1, SourceRegister: true},
+		},
+		text: fmt.Sprintf("ct mark set ct mark & %s | %s", maskedSetText(m), hex32(m.Value)),
+	}
+}
+
+// nft: ct mark & 0x00000fff == 0x00000111
+func ctMarkIs(m Mark) part {
+	return part{
+		exprs: []expr.Any{
+			&expr.Ct{Key: expr.CtKeyMARK, Register: 1},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: ne32(m.Mask), Xor: ne32(0)},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ne32(m.Value)},
+		},
+		text: fmt.Sprintf("ct mark & %s == %s", hex32(m.Mask), hex32(m.Value)),
+	}
+}
+
+// nft: meta mark set ct mark
+func restoreMark() part {
+	return part{
+		exprs: []expr.Any{
+			&expr.Ct{Key: expr.CtKeyMARK, Register: 1},
+			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
+		},
+		text: "meta mark set ct mark",
+	}
+}
+
+// nft: ct state established,related
+func ctStateEstablished() part {
+	bits := uint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED)
+	return part{
+		exprs: []expr.Any{
+			&expr.Ct{Key: expr.CtKeySTATE, Register: 1},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: ne32(bits), Xor: ne32(0)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ne32(0)},
+		},
+		text: "ct state established,related",
+	}
+}
+
+// nft: socket transparent 1
+func socketTransparent() part {
+	return part{
+		exprs: []expr.Any{
+			&expr.Socket{Key: expr.SocketKeyTransparent, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{1}},
+		},
+		text: "socket transparent 1",
+	}
+}
+
+// addrMatch matches the source or destination address against a prefix.
+// The nfproto guard is implicit in nft's text (it derives it from "ip" or
+// "ip6") but must be explicit in an inet table's bytecode.
+//
+// nft: ip saddr 169.254.7.127 / ip6 daddr fd00::/8
+func addrMatch(p netip.Prefix, source bool) part {
+	var proto byte = unix.NFPROTO_IPV4
+	word := "ip"
+	offset := uint32(16) // IPv4 destination
+	if source {
+		offset = 12
+	}
+	if p.Addr().Is6() {
+		proto, word, offset = unix.NFPROTO_IPV6, "ip6", 24
+		if source {
+			offset = 8
+		}
+	}
+	field := "daddr"
+	if source {
+		field = "saddr"
+	}
+	addr := p.Addr().AsSlice()
+	exprs := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: uint32(len(addr))},
+	}
+	text := fmt.Sprintf("%s %s %s", word, field, p.Addr())
+	if p.Bits() < p.Addr().BitLen() {
+		mask := netipMask(p)
+		exprs = append(exprs, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: uint32(len(addr)), Mask: mask, Xor: make([]byte, len(addr))})
+		text = fmt.Sprintf("%s %s %s", word, field, p)
+	}
+	exprs = append(exprs, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: addr})
+	return part{exprs: exprs, text: text}
+}
+
+func netipMask(p netip.Prefix) []byte {
+	n := p.Addr().BitLen() / 8
+	mask := make([]byte, n)
+	for i := 0; i < p.Bits(); i++ {
+		mask[i/8] |= 0x80 >> (i % 8)
+	}
+	return mask
+}
+
+// portMatch matches a TCP or UDP source or destination port; the l4proto
+// guard is implied by "tcp"/"udp" in nft's text.
+//
+// nft: tcp dport 15008
+func portMatch(proto byte, name string, port uint16, source bool) part {
+	offset, field := uint32(2), "dport"
+	if source {
+		offset, field = 0, "sport"
+	}
+	return part{
+		exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: offset, Len: 2},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: be16(port)},
+		},
+		text: fmt.Sprintf("%s %s %d", name, field, port),
+	}
+}
+
+// tproxyTo hands the packet to a transparent listener on port. Family is
+// left unspecified: in an inet table the kernel then uses the packet's own
+// family, so one rule serves IPv4 and IPv6.
+//
+// nft: tproxy to :15006
+func tproxyTo(port uint16) part {
+	return part{
+		exprs: []expr.Any{
+			&expr.Immediate{Register: 1, Data: be16(port)},
+			&expr.TProxy{Family: unix.NFPROTO_UNSPEC, TableFamily: unix.NFPROTO_INET, RegPort: 1},
+		},
+		text: fmt.Sprintf("tproxy to :%d", port),
+	}
+}
+
+// nft: redirect to :15001
+func redirectTo(port uint16) part {
+	return part{
+		exprs: []expr.Any{
+			&expr.Immediate{Register: 1, Data: be16(port)},
+			&expr.Redir{RegisterProtoMin: 1, Flags: unix.NF_NAT_RANGE_PROTO_SPECIFIED},
+		},
+		text: fmt.Sprintf("redirect to :%d", port),
+	}
+}
+
+// nft: ct zone set 1
+func setCtZone(zone uint16) part {
+	z := make([]byte, 2)
+	binary.NativeEndian.PutUint16(z, zone)
+	return part{
+		exprs: []expr.Any{
+			&expr.Immediate{Register: 1, Data: z},
+			&expr.Ct{Key: expr.CtKeyZONE, Register: 1, SourceRegister: true},
+		},
+		text: fmt.Sprintf("ct zone set %d", zone),
+	}
+}
+
+// nft: accept
+func accept() part {
+	return part{exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}, text: "accept"}
+}

@@ -1,0 +1,82 @@
+package nft_test
+
+import (
+	"flag"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/nftredir/nftredir/nft"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current builder")
+
+type goldenCase struct {
+	name string
+	spec nft.Spec
+}
+
+// goldenCases covers every option that changes the ruleset.
+func goldenCases() []goldenCase {
+	base := func(mut func(*nft.Spec)) nft.Spec {
+		s := nft.DefaultSpec("0b6f3c1e-pod")
+		if mut != nil {
+			mut(&s)
+		}
+		return s
+	}
+	return []goldenCase{
+		{"tproxy_default", base(nil)},
+		{"redirect_default", base(func(s *nft.Spec) { s.Mode = nft.ModeRedirect })},
+		{"tproxy_dns", base(func(s *nft.Spec) { s.CaptureDNS = true })},
+		{"redirect_dns", base(func(s *nft.Spec) { s.Mode = nft.ModeRedirect; s.CaptureDNS = true })},
+		{"tproxy_ipv4_only", base(func(s *nft.Spec) { s.IPv6 = false })},
+		{"redirect_ipv4_only", base(func(s *nft.Spec) { s.Mode = nft.ModeRedirect; s.IPv6 = false })},
+		{"tproxy_ingress", base(func(s *nft.Spec) { s.NoInboundCapture = true })},
+		{"redirect_ingress", base(func(s *nft.Spec) { s.Mode = nft.ModeRedirect; s.NoInboundCapture = true })},
+		{"tproxy_excludes", base(func(s *nft.Spec) {
+			s.ExcludeInboundPorts = []uint16{22, 8443}
+			s.ExcludeOutboundPorts = []uint16{5432}
+			s.ExcludeOutboundCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12"), netip.MustParsePrefix("192.0.2.7/32"), netip.MustParsePrefix("fd00:10::/64")}
+		})},
+		{"redirect_excludes", base(func(s *nft.Spec) {
+			s.Mode = nft.ModeRedirect
+			s.ExcludeInboundPorts = []uint16{22}
+			s.ExcludeOutboundCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}
+		})},
+		{"custom_ports_marks", base(func(s *nft.Spec) {
+			s.OutboundPort, s.InboundPort, s.InboundHBONEPort, s.DNSPort = 25001, 25006, 25008, 25053
+			s.ProxyMark = nft.Mark{Value: 0x5000, Mask: 0xf000}
+			s.TProxyMark = nft.Mark{Value: 0x0022, Mask: 0x00ff}
+			s.CaptureDNS = true
+		})},
+		{"no_probe_sources", base(func(s *nft.Spec) { s.ProbeSourceV4, s.ProbeSourceV6 = netip.Addr{}, netip.Addr{} })},
+	}
+}
+
+func TestBuildGolden(t *testing.T) {
+	for _, tc := range goldenCases() {
+		t.Run(tc.name, func(t *testing.T) {
+			rs, err := nft.Build(tc.spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := rs.String()
+			path := filepath.Join("testdata", tc.name+".golden")
+			if *update {
+				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run go test ./nft -run TestBuildGolden -update)", err)
+			}
+			if got != string(want) {
+				t.Errorf("ruleset for %s changed; if intended, rerun with -update\n--- got\n%s\n--- want\n%s", tc.name, got, want)
+			}
+		})
+	}
+}
