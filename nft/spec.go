@@ -10,8 +10,8 @@ package nft
 import (
 	"errors"
 	"fmt"
-	"net/netip"
 	"maps"
+	"net/netip"
 	"slices"
 )
 
