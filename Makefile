@@ -1,0 +1,42 @@
+# nftredir — see README.md. `make demo` and `make test` install what they
+# need (hack/deps.sh) and must be run as root: they create network
+# namespaces and program nftables.
+
+GO ?= go
+BIN := $(CURDIR)/bin
+export PATH := $(BIN):$(PATH)
+
+PKGS := ./...
+
+.PHONY: all build test unit lint demo bench deps clean
+
+all: build
+
+deps:
+	@hack/deps.sh
+
+build:
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/... ./tools/...
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+# Every test, including the real-kernel ones (root). -p 1: the kernel
+# tests create namespaces and traffic; on 2 cores one package at a time is
+# faster and calmer than contention.
+test: deps lint build
+	$(GO) test -p 1 -count=1 -timeout 15m $(PKGS)
+
+# Pure tests only: no root, no kernel.
+unit:
+	NFTREDIR_SKIP_PRIVILEGED=1 $(GO) test -count=1 $(PKGS)
+
+demo: deps build
+	@hack/demo.sh
+
+clean:
+	rm -rf $(BIN)
+
+include Makefile.proto.mk

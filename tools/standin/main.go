@@ -1,0 +1,136 @@
+// Command standin plays the other parties of a capture demo: a proxy that
+// reports what it captured, an app, and a client.
+//
+//	standin proxy [-ports 15001,15006,15008] [-mark 0x539]
+//	standin app   [-port 8080] [-name app]
+//	standin dial  ADDR:PORT [-mark 0]
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nftredir/nftredir/internal/standin"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: standin proxy|app|dial ...")
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "proxy":
+		err = proxy(os.Args[2:])
+	case "app":
+		err = app(os.Args[2:])
+	case "dial":
+		err = dial(os.Args[2:])
+	default:
+		err = fmt.Errorf("unknown command %q", os.Args[1])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "standin:", err)
+		os.Exit(1)
+	}
+}
+
+func parseMark(s string) (uint32, error) {
+	v, err := strconv.ParseUint(s, 0, 32)
+	return uint32(v), err
+}
+
+func proxy(args []string) error {
+	fs := flag.NewFlagSet("proxy", flag.ExitOnError)
+	ports := fs.String("ports", "15001,15006,15008", "ports to listen on")
+	markFlag := fs.String("mark", "0x539", "mark on the proxy's sockets")
+	fs.Parse(args)
+	mark, err := parseMark(*markFlag)
+	if err != nil {
+		return err
+	}
+	lc := standin.ListenConfig(mark)
+	for _, p := range strings.Split(*ports, ",") {
+		port, err := strconv.ParseUint(p, 10, 16)
+		if err != nil {
+			return fmt.Errorf("port %q: %w", p, err)
+		}
+		ls, err := standin.ListenBoth(context.Background(), lc, uint16(port))
+		if err != nil {
+			return err
+		}
+		for _, l := range ls {
+			go serve(l, func(c *net.TCPConn) string {
+				dst, _, _ := standin.OriginalDst(c)
+				line := fmt.Sprintf("captured by proxy :%d  from %s  original destination %s", port, c.RemoteAddr(), dst)
+				fmt.Println(line)
+				return line
+			})
+		}
+	}
+	select {}
+}
+
+func app(args []string) error {
+	fs := flag.NewFlagSet("app", flag.ExitOnError)
+	port := fs.Uint("port", 8080, "port")
+	name := fs.String("name", "app", "name to answer with")
+	fs.Parse(args)
+	ls, err := standin.ListenBoth(context.Background(), net.ListenConfig{}, uint16(*port))
+	if err != nil {
+		return err
+	}
+	for _, l := range ls {
+		go serve(l, func(c *net.TCPConn) string {
+			return fmt.Sprintf("answered directly by %s on %s  from %s", *name, c.LocalAddr(), c.RemoteAddr())
+		})
+	}
+	select {}
+}
+
+func serve(l net.Listener, answer func(*net.TCPConn) string) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			fmt.Fprintln(c, answer(c.(*net.TCPConn)))
+		}()
+	}
+}
+
+func dial(args []string) error {
+	fs := flag.NewFlagSet("dial", flag.ExitOnError)
+	markFlag := fs.String("mark", "0", "mark on the client socket")
+	fs.Parse(args)
+	if fs.NArg() != 1 {
+		return fmt.Errorf("dial needs ADDR:PORT")
+	}
+	mark, err := parseMark(*markFlag)
+	if err != nil {
+		return err
+	}
+	d := standin.Dialer(mark)
+	d.Timeout = 2 * time.Second
+	c, err := d.Dial("tcp", fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("read answer: %w", err)
+	}
+	fmt.Print(line)
+	return nil
+}
