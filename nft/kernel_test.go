@@ -16,7 +16,7 @@ import (
 // requireRoot fails (rather than skips) without root: these tests are the
 // proof that the ruleset works in a real kernel, and a silent skip would
 // hide that they never ran. NFTREDIR_SKIP_PRIVILEGED=1 opts out explicitly.
-func requireRoot(t *testing.T) {
+func requireRoot(t testing.TB) {
 	t.Helper()
 	if os.Getenv("NFTREDIR_SKIP_PRIVILEGED") == "1" {
 		t.Skip("NFTREDIR_SKIP_PRIVILEGED=1")
