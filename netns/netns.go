@@ -25,6 +25,9 @@ var (
 	// ErrNotAbsolute: relative paths depend on the daemon's working
 	// directory, which a caller neither knows nor controls.
 	ErrNotAbsolute = errors.New("network namespace path must be absolute")
+	// ErrNoAccess: the path exists but this process may not open it (in
+	// some sandboxes even root cannot open PID 1's namespace).
+	ErrNoAccess = errors.New("network namespace path is not accessible")
 )
 
 // ID identifies a namespace for as long as it exists: the device and inode
@@ -84,6 +87,7 @@ func (h *Handle) Close() error {
 // node namespace).
 type Guard struct {
 	protected []ID
+	warnings  []string
 }
 
 // NewGuard builds a Guard that protects this process's namespace, PID 1's
@@ -97,6 +101,7 @@ func NewGuard(extraProtected ...string) (*Guard, error) {
 			// PID 1's namespace is unreadable in some sandboxes (no
 			// CAP_SYS_PTRACE over it); our own must always be readable.
 			if p == "/proc/1/ns/net" && errors.Is(err, os.ErrPermission) {
+				g.warnings = append(g.warnings, "cannot read /proc/1/ns/net; only this process's own namespace is known as the node's")
 				continue
 			}
 			return nil, fmt.Errorf("protect namespace %s: %w", p, err)
@@ -105,6 +110,9 @@ func NewGuard(extraProtected ...string) (*Guard, error) {
 	}
 	return g, nil
 }
+
+// Warnings says what the guard could not protect, for the daemon's log.
+func (g *Guard) Warnings() []string { return append([]string(nil), g.warnings...) }
 
 // Protected returns the identities this guard refuses.
 func (g *Guard) Protected() []ID { return append([]ID(nil), g.protected...) }
@@ -119,8 +127,15 @@ func (g *Guard) Open(path string) (*Handle, error) {
 	}
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
 	if err != nil {
-		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+		switch {
+		case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR):
 			return nil, fmt.Errorf("%s: %w", path, ErrNotExist)
+		case errors.Is(err, unix.ENXIO) || errors.Is(err, unix.ELOOP):
+			// ENXIO: a Unix socket; ELOOP: a symlink cycle. Neither can
+			// be a namespace.
+			return nil, fmt.Errorf("%s: %w", path, ErrNotNetns)
+		case errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM):
+			return nil, fmt.Errorf("%s: %w", path, ErrNoAccess)
 		}
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}

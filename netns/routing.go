@@ -129,16 +129,21 @@ func EnsureRouting(h *Handle, r Routing) error {
 		return err
 	}
 	defer nh.Close()
-	lo, fams, err := families(nh)
+	lo, err := nh.LinkByName("lo")
 	if err != nil {
-		return err
+		return fmt.Errorf("find lo: %w", err)
 	}
 	if lo.Attrs().Flags&net.FlagUp == 0 {
-		// A local route through a down lo is rejected (ENETDOWN); runtimes
-		// bring lo up in the sandbox, and so do we if it is not yet.
+		// A local route through a down lo is rejected (ENETDOWN), and lo
+		// only gets ::1 once up, which is how IPv6 is detected below.
+		// Runtimes bring lo up in the sandbox; we do if it is not yet.
 		if err := nh.LinkSetUp(lo); err != nil {
 			return fmt.Errorf("bring up lo: %w", err)
 		}
+	}
+	lo, fams, err := families(nh)
+	if err != nil {
+		return err
 	}
 	for _, fam := range fams {
 		if err := nh.RouteReplace(r.route(fam, lo.Attrs().Index)); err != nil {

@@ -189,12 +189,15 @@ func (b *builder) manglePrerouting() {
 			// socket keep the tproxy mark so policy routing delivers them
 			// locally; it must precede the established accept, or the
 			// handshake's final ACK to a non-local address is routed away.
-			// nft: meta l4proto tcp socket transparent 1 meta mark set meta mark & 0xfffff000 | 0x00000111 accept
-			rule(l4proto(unix.IPPROTO_TCP, "tcp"), socketTransparent(), setMark(s.TProxyMark), accept()),
+			// Only established ones: a new connection straight to one of
+			// the proxy's own listeners (say :15001) must be captured like
+			// any other, not let through to push traffic out of the pod.
+			// nft: meta l4proto tcp ct state established socket transparent 1 meta mark set meta mark & 0xfffff000 | 0x00000111 accept
+			rule(l4proto(unix.IPPROTO_TCP, "tcp"), ctStateIs(expr.CtStateBitESTABLISHED, "established"), socketTransparent(), setMark(s.TProxyMark), accept()),
 			// Connections that are not ours to capture (replies to the
 			// proxy's upstream connections, the app's existing ones).
 			// nft: ct state established,related accept
-			rule(ctStateEstablished(), accept()),
+			rule(ctStateIs(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED, "established,related"), accept()),
 			// Tunnel traffic goes to the proxy's HBONE listener.
 			// nft: tcp dport 15008 meta mark & 0x00000fff != 0x00000539 tproxy to :15008 meta mark set ... accept
 			rule(portMatch(unix.IPPROTO_TCP, "tcp", s.InboundHBONEPort, false), markIs(s.ProxyMark, false),

@@ -147,15 +147,14 @@ func restoreMark() part {
 }
 
 // nft: ct state established,related
-func ctStateEstablished() part {
-	bits := uint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED)
+func ctStateIs(bits uint32, names string) part {
 	return part{
 		exprs: []expr.Any{
 			&expr.Ct{Key: expr.CtKeySTATE, Register: 1},
 			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: ne32(bits), Xor: ne32(0)},
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ne32(0)},
 		},
-		text: "ct state established,related",
+		text: "ct state " + names,
 	}
 }
 
