@@ -1,0 +1,204 @@
+package netns_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/netns"
+)
+
+// routingSeen is our routing as the ip binary shows it, per family.
+type routingSeen struct {
+	rules  []string // `ip rule` lines with our fwmark
+	routes []string // routes in table 100
+}
+
+func observeRouting(t *testing.T, ns *nstest.Netns, family string) routingSeen {
+	t.Helper()
+	var s routingSeen
+	for _, l := range strings.Split(ns.IP(t, family, "rule", "show"), "\n") {
+		if strings.Contains(l, "fwmark 0x111/0xfff") || strings.Contains(l, "lookup 100") {
+			s.rules = append(s.rules, strings.TrimSpace(l))
+		}
+	}
+	// `ip route show table 100` fails once the table is gone; table all
+	// lists it only while it exists.
+	for _, l := range strings.Split(ns.IP(t, family, "route", "show", "table", "all"), "\n") {
+		if strings.Contains(l, "table 100") {
+			s.routes = append(s.routes, strings.TrimSpace(l))
+		}
+	}
+	return s
+}
+
+func wantInstalled(t *testing.T, ns *nstest.Netns, family string) {
+	t.Helper()
+	s := observeRouting(t, ns, family)
+	if len(s.rules) != 1 || !strings.HasPrefix(s.rules[0], "32764:") || !strings.Contains(s.rules[0], "from all fwmark 0x111/0xfff lookup 100") {
+		t.Errorf("ip %s rule: got %q, want exactly one `32764: from all fwmark 0x111/0xfff lookup 100`", family, s.rules)
+	}
+	if len(s.routes) != 1 || !strings.HasPrefix(s.routes[0], "local default dev lo table 100") {
+		t.Errorf("ip %s route table 100: got %q, want exactly `local default dev lo table 100 ...`", family, s.routes)
+	}
+}
+
+func wantNone(t *testing.T, ns *nstest.Netns, family string) {
+	t.Helper()
+	s := observeRouting(t, ns, family)
+	if len(s.rules) != 0 || len(s.routes) != 0 {
+		t.Errorf("ip %s: rules %q, table 100 routes %q; want none", family, s.rules, s.routes)
+	}
+}
+
+func openNetns(t *testing.T, ns *nstest.Netns) *netns.Handle {
+	t.Helper()
+	g, err := netns.NewGuard()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := g.Open(ns.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
+func inspect(t *testing.T, h *netns.Handle) netns.RoutingState {
+	t.Helper()
+	st, err := netns.InspectRouting(h, netns.DefaultRouting())
+	if err != nil {
+		t.Fatalf("InspectRouting: %v", err)
+	}
+	return st
+}
+
+func TestRoutingIdempotent(t *testing.T) {
+	if !nstest.HaveIPv6() {
+		t.Skip("kernel without IPv6")
+	}
+	ns := nstest.NewNetns(t)
+	h := openNetns(t, ns)
+	r := netns.DefaultRouting()
+	wantNone(t, ns, "-4")
+	wantNone(t, ns, "-6")
+	if st := inspect(t, h); !st.Absent() || !st.V6Capable {
+		t.Errorf("before: %+v, want absent and IPv6-capable", st)
+	}
+	for i := range 2 {
+		if err := netns.EnsureRouting(h, r); err != nil {
+			t.Fatalf("EnsureRouting #%d: %v", i+1, err)
+		}
+		wantInstalled(t, ns, "-4")
+		wantInstalled(t, ns, "-6")
+		if st := inspect(t, h); !st.Complete() {
+			t.Errorf("after EnsureRouting #%d: %+v, want complete", i+1, st)
+		}
+	}
+	for i := range 2 {
+		if err := netns.RemoveRouting(h, r); err != nil {
+			t.Fatalf("RemoveRouting #%d: %v", i+1, err)
+		}
+		wantNone(t, ns, "-4")
+		wantNone(t, ns, "-6")
+		if st := inspect(t, h); !st.Absent() {
+			t.Errorf("after RemoveRouting #%d: %+v, want absent", i+1, st)
+		}
+	}
+}
+
+// TestRoutingRepairsPartial: EnsureRouting completes a half-present setup
+// (one family's rule deleted by hand) without duplicating the rest.
+func TestRoutingRepairsPartial(t *testing.T) {
+	if !nstest.HaveIPv6() {
+		t.Skip("kernel without IPv6")
+	}
+	ns := nstest.NewNetns(t)
+	h := openNetns(t, ns)
+	r := netns.DefaultRouting()
+	if err := netns.EnsureRouting(h, r); err != nil {
+		t.Fatal(err)
+	}
+	ns.IP(t, "-6", "rule", "del", "fwmark", "0x111/0xfff", "pref", "32764", "lookup", "100")
+	ns.IP(t, "-4", "route", "del", "local", "default", "dev", "lo", "table", "100")
+	if st := inspect(t, h); st.Complete() || st.V6Rule || st.V4Route || !st.V4Rule || !st.V6Route {
+		t.Errorf("after deleting the v6 rule and v4 route: %+v", st)
+	}
+	if err := netns.EnsureRouting(h, r); err != nil {
+		t.Fatal(err)
+	}
+	wantInstalled(t, ns, "-4")
+	wantInstalled(t, ns, "-6")
+}
+
+// TestRoutingWithoutIPv6: a namespace whose loopback has IPv6 disabled
+// gets IPv4 routing only, and that counts as complete.
+func TestRoutingWithoutIPv6(t *testing.T) {
+	ns := nstest.NewNetns(t)
+	if nstest.HaveIPv6() {
+		ns.Run(t, "sh", "-c", "echo 1 > /proc/sys/net/ipv6/conf/lo/disable_ipv6")
+	}
+	h := openNetns(t, ns)
+	r := netns.DefaultRouting()
+	if err := netns.EnsureRouting(h, r); err != nil {
+		t.Fatalf("EnsureRouting: %v", err)
+	}
+	wantInstalled(t, ns, "-4")
+	if nstest.HaveIPv6() {
+		wantNone(t, ns, "-6")
+	}
+	st := inspect(t, h)
+	if st.V6Capable || !st.Complete() {
+		t.Errorf("state %+v, want complete without IPv6", st)
+	}
+	for i := range 2 {
+		if err := netns.RemoveRouting(h, r); err != nil {
+			t.Fatalf("RemoveRouting #%d: %v", i+1, err)
+		}
+	}
+	wantNone(t, ns, "-4")
+	if st := inspect(t, h); !st.Absent() {
+		t.Errorf("after RemoveRouting: %+v, want absent", st)
+	}
+}
+
+// TestRoutingLoopbackDown: `ip netns add` leaves lo down, and a down lo
+// has no ::1. EnsureRouting brings lo up; the namespace then has IPv6, so
+// the result must be complete for both families.
+func TestRoutingLoopbackDown(t *testing.T) {
+	if !nstest.HaveIPv6() {
+		t.Skip("kernel without IPv6")
+	}
+	ns := nstest.NewNetns(t)
+	ns.IP(t, "link", "set", "lo", "down")
+	h := openNetns(t, ns)
+	if err := netns.EnsureRouting(h, netns.DefaultRouting()); err != nil {
+		t.Fatalf("EnsureRouting: %v", err)
+	}
+	if out := ns.IP(t, "link", "show", "lo"); !strings.Contains(out, ",UP") {
+		t.Errorf("lo still down after EnsureRouting: %s", out)
+	}
+	wantInstalled(t, ns, "-4")
+	wantInstalled(t, ns, "-6")
+	if st := inspect(t, h); !st.Complete() {
+		t.Errorf("InspectRouting right after EnsureRouting: %+v, want complete", st)
+	}
+}
+
+func TestRoutingValidate(t *testing.T) {
+	nstest.RequirePrivileged(t)
+	ns := nstest.NewNetns(t)
+	h := openNetns(t, ns)
+	for _, r := range []netns.Routing{
+		{Mark: 0x111, Mask: 0, Table: 100, Priority: 32764},
+		{Mark: 0x1111, Mask: 0xfff, Table: 100, Priority: 32764},
+		{Mark: 0x111, Mask: 0xfff, Table: 254, Priority: 32764},
+		{Mark: 0x111, Mask: 0xfff, Table: 100, Priority: 32766},
+	} {
+		if err := netns.EnsureRouting(h, r); err == nil {
+			t.Errorf("EnsureRouting(%+v) succeeded, want a validation error", r)
+		}
+	}
+	wantNone(t, ns, "-4")
+}
