@@ -3,6 +3,7 @@ module github.com/nftredir/nftredir
 go 1.26.8
 
 require (
+	github.com/containernetworking/cni v1.3.0 // indirect
 	github.com/fatih/color v1.13.0 // indirect
 	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/google/nftables v0.3.0 // indirect
