@@ -1,0 +1,148 @@
+// Package server is nftredird's gRPC service: it validates requests, keeps
+// one durable record per enrolled pod, programs pod namespaces through nft
+// and netns under a per-pod lock, and reconciles records with the kernel.
+package server
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc/health"
+
+	"github.com/nftredir/nftredir/netns"
+	"github.com/nftredir/nftredir/nft"
+	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+)
+
+// Config is everything New needs. Zero values take the documented
+// defaults where one exists.
+type Config struct {
+	// Guard opens and vets caller-supplied namespace paths. Required.
+	Guard *netns.Guard
+	// Applier programs rulesets. Required; nft.NewNetlink() in the daemon.
+	Applier nft.Applier
+	// StateDir holds one record per enrolled pod. Required, absolute.
+	StateDir string
+	// Routing is the policy routing installed with each pod. Its mark must
+	// equal Defaults.TProxyMark. Zero: netns.DefaultRouting().
+	Routing netns.Routing
+	// Defaults supplies every option a request leaves unset (PodID and the
+	// exclusion lists are ignored). Zero: nft.DefaultSpec.
+	Defaults *nft.Spec
+	// Logger is the server's logger; the daemon passes root.Named("server").
+	Logger hclog.Logger
+	// AllowUIDs and AllowGIDs may call the API besides root.
+	AllowUIDs []uint32
+	AllowGIDs []uint32
+	// ReconcileInterval is the period of the background reconcile.
+	// Zero: 30s. Negative: no periodic reconcile (startup only).
+	ReconcileInterval time.Duration
+	// ReconcileWorkers bounds parallel reconcile work. Zero: 8.
+	ReconcileWorkers int
+	// Reflection registers gRPC server reflection, for grpcurl.
+	Reflection bool
+}
+
+// Server implements nftredir.v1.RedirectService.
+type Server struct {
+	nftredirv1.UnimplementedRedirectServiceServer
+
+	guard    *netns.Guard
+	applier  nft.Applier
+	store    *Store
+	routing  netns.Routing
+	defaults nft.Spec
+	log      hclog.Logger
+	allow    allowList
+	interval time.Duration
+	workers  int
+	reflect  bool
+
+	locks  *podLocks
+	owners *owners
+	watch  *broadcaster
+	health *health.Server
+	ready  atomic.Bool
+}
+
+// New checks cfg, opens the state store and loads the ownership index. It
+// does not reconcile; Run (or a direct Reconcile) does.
+func New(cfg Config) (*Server, error) {
+	if cfg.Guard == nil {
+		return nil, errors.New("server config: Guard is required")
+	}
+	if cfg.Applier == nil {
+		return nil, errors.New("server config: Applier is required")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	routing := cfg.Routing
+	if routing == (netns.Routing{}) {
+		routing = netns.DefaultRouting()
+	}
+	if err := routing.Validate(); err != nil {
+		return nil, fmt.Errorf("server config: %w", err)
+	}
+	defaults := nft.DefaultSpec("")
+	if cfg.Defaults != nil {
+		defaults = *cfg.Defaults
+	}
+	defaults.PodID = ""
+	defaults.ExcludeInboundPorts, defaults.ExcludeOutboundPorts, defaults.ExcludeOutboundCIDRs = nil, nil, nil
+	probe := defaults
+	probe.PodID = "config-check"
+	if err := probe.Validate(); err != nil {
+		return nil, fmt.Errorf("server config: defaults: %w", err)
+	}
+	if routing.Mark != defaults.TProxyMark.Value || routing.Mask != defaults.TProxyMark.Mask {
+		// Replies restored to the tproxy mark must hit our routing rule,
+		// or inbound capture silently blackholes.
+		return nil, fmt.Errorf("server config: routing mark %#x/%#x differs from the tproxy mark %#x/%#x",
+			routing.Mark, routing.Mask, defaults.TProxyMark.Value, defaults.TProxyMark.Mask)
+	}
+	store, err := OpenStore(cfg.StateDir, log.Named("store"))
+	if err != nil {
+		return nil, fmt.Errorf("server config: %w", err)
+	}
+	interval := cfg.ReconcileInterval
+	if interval == 0 {
+		interval = 30 * time.Second
+	}
+	workers := cfg.ReconcileWorkers
+	if workers <= 0 {
+		workers = 8
+	}
+	s := &Server{
+		guard:    cfg.Guard,
+		applier:  cfg.Applier,
+		store:    store,
+		routing:  routing,
+		defaults: defaults,
+		log:      log,
+		allow:    newAllowList(cfg.AllowUIDs, cfg.AllowGIDs),
+		interval: interval,
+		workers:  workers,
+		reflect:  cfg.Reflection,
+		locks:    newPodLocks(),
+		owners:   newOwners(),
+		watch:    newBroadcaster(),
+		health:   health.NewServer(),
+	}
+	records, err := store.List()
+	if err != nil {
+		return nil, fmt.Errorf("load records: %w", err)
+	}
+	s.owners.load(records, log)
+	log.Info("state loaded", "dir", store.Dir(), "pods", len(records))
+	s.setServing(false)
+	return s, nil
+}
+
+// now is the timestamp for records: UTC, so records read the same on any
+// node.
+func (s *Server) now() time.Time { return time.Now().UTC() }

@@ -1,0 +1,45 @@
+package server
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/nftredir/nftredir/netns"
+	"github.com/nftredir/nftredir/nft"
+)
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	guard, err := netns.NewGuard()
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := func() Config {
+		return Config{Guard: guard, Applier: nft.NewNetlink(), StateDir: t.TempDir()}
+	}
+	badDefaults := nft.DefaultSpec("")
+	badDefaults.InboundPort = badDefaults.OutboundPort
+	tests := []struct {
+		name string
+		edit func(*Config)
+		want string
+	}{
+		{"no guard", func(c *Config) { c.Guard = nil }, "Guard"},
+		{"no applier", func(c *Config) { c.Applier = nil }, "Applier"},
+		{"relative state dir", func(c *Config) { c.StateDir = "pods" }, "absolute"},
+		{"routing mark differs from tproxy mark", func(c *Config) {
+			c.Routing = netns.Routing{Mark: 0x222, Mask: 0xfff, Table: 100, Priority: 32764}
+		}, "differs from the tproxy mark"},
+		{"bad routing", func(c *Config) { c.Routing = netns.Routing{Mark: 0x111, Mask: 0xfff, Table: 254, Priority: 1} }, "reserved"},
+		{"bad defaults", func(c *Config) { c.Defaults = &badDefaults }, "defaults"},
+	}
+	for _, tt := range tests {
+		cfg := base()
+		tt.edit(&cfg)
+		if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v, want an error about %q", tt.name, err, tt.want)
+		}
+	}
+	if _, err := New(base()); err != nil {
+		t.Errorf("good config: %v", err)
+	}
+}

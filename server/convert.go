@@ -1,0 +1,46 @@
+package server
+
+import (
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+)
+
+// toProto renders a record as the API's Pod, with every option explicit
+// (the effective options, daemon defaults filled in).
+func (r *Record) toProto() *nftredirv1.Pod {
+	s := r.Spec
+	mode := nftredirv1.CaptureMode_CAPTURE_MODE_TPROXY
+	if s.Mode == "REDIRECT" {
+		mode = nftredirv1.CaptureMode_CAPTURE_MODE_REDIRECT
+	}
+	opts := &nftredirv1.RedirectOptions{
+		CaptureMode:          mode,
+		ExcludeOutboundCidrs: append([]string(nil), s.ExcludeOutboundCIDRs...),
+		DnsCapture:           proto.Bool(s.CaptureDNS),
+		Ipv6:                 proto.Bool(s.IPv6),
+		InboundCapture:       proto.Bool(s.InboundCapture),
+	}
+	for _, p := range s.ExcludeInboundPorts {
+		opts.ExcludeInboundPorts = append(opts.ExcludeInboundPorts, uint32(p))
+	}
+	for _, p := range s.ExcludeOutboundPorts {
+		opts.ExcludeOutboundPorts = append(opts.ExcludeOutboundPorts, uint32(p))
+	}
+	pod := &nftredirv1.Pod{
+		PodUid:       r.PodUID,
+		PodName:      r.PodName,
+		PodNamespace: r.PodNamespace,
+		NetnsPath:    r.NetnsPath,
+		NetnsId:      r.NetnsID,
+		PodIps:       append([]string(nil), r.PodIPs...),
+		Options:      opts,
+		EnrolledAt:   timestamppb.New(r.EnrolledAt),
+		UpdatedAt:    timestamppb.New(r.UpdatedAt),
+	}
+	if r.ServiceAccount != nil {
+		pod.ServiceAccount = proto.String(*r.ServiceAccount)
+	}
+	return pod
+}

@@ -1,0 +1,174 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"runtime/debug"
+	"time"
+
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+)
+
+// ServiceName is the RedirectService's full name, also its health key.
+const ServiceName = "nftredir.v1.RedirectService"
+
+// MaxRecvMsgSize bounds a request: the largest valid AddPod is a few KiB,
+// and a local caller must not make the daemon buffer megabytes.
+const MaxRecvMsgSize = 64 << 10
+
+// NewGRPCServer builds the gRPC server with RedirectService, health and
+// (if configured) reflection registered, and the interceptor chain:
+// logging (not for health checks), peer-credential auth, then panic
+// recovery innermost, so a panicking handler's Internal status is what
+// the logging interceptor records.
+func (s *Server) NewGRPCServer() *grpc.Server {
+	reqLog := s.log.Named("grpc")
+	logOpts := []logging.Option{
+		logging.WithLogOnEvents(logging.FinishCall),
+		logging.WithFieldsFromContext(func(ctx context.Context) logging.Fields { return peerFields(ctx) }),
+	}
+	notHealth := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
+		return c.Service != healthgrpc.Health_ServiceDesc.ServiceName
+	})
+	recoverOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
+		s.log.Error("panic in request handler", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+		return status.Error(codes.Internal, "internal error; the daemon log has the details")
+	})
+	gs := grpc.NewServer(
+		grpc.Creds(PeerCredentials{}),
+		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
+		grpc.MaxConcurrentStreams(128),
+		// Node proxies keep WatchPods open for days; let them ping often
+		// enough to notice a hung daemon, but not flood it.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second}),
+		// The handshake reads a socket option; anything slower is a stuck peer.
+		grpc.ConnectionTimeout(5*time.Second),
+		grpc.ChainUnaryInterceptor(
+			selector.UnaryServerInterceptor(logging.UnaryServerInterceptor(InterceptorLogger(reqLog), logOpts...), notHealth),
+			s.allow.unaryInterceptor(),
+			recovery.UnaryServerInterceptor(recoverOpt),
+		),
+		grpc.ChainStreamInterceptor(
+			selector.StreamServerInterceptor(logging.StreamServerInterceptor(InterceptorLogger(reqLog), logOpts...), notHealth),
+			s.allow.streamInterceptor(),
+			recovery.StreamServerInterceptor(recoverOpt),
+		),
+	)
+	nftredirv1.RegisterRedirectServiceServer(gs, s)
+	healthgrpc.RegisterHealthServer(gs, s.health)
+	if s.reflect {
+		reflection.Register(gs)
+	}
+	return gs
+}
+
+func (s *Server) setServing(on bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if on {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	s.ready.Store(on)
+	s.health.SetServingStatus("", st)
+	s.health.SetServingStatus(ServiceName, st)
+}
+
+// Run serves on lis until ctx ends: it answers health (NOT_SERVING) at
+// once, reconciles every record, turns SERVING, and reconciles again every
+// interval. When ctx ends it turns NOT_SERVING, ends watches, and stops
+// gracefully, cancelling whatever is still running after shutdownTimeout.
+// It never touches pods' rules on the way out: capture must outlive the
+// daemon.
+func (s *Server) Run(ctx context.Context, lis net.Listener, shutdownTimeout time.Duration) error {
+	gs := s.NewGRPCServer()
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- gs.Serve(lis) }()
+
+	loopCtx, stopLoop := context.WithCancel(ctx)
+	loopDone := make(chan error, 1)
+	go func() { loopDone <- s.reconcileLoop(loopCtx) }()
+
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-loopDone:
+		loopDone <- nil
+	case err = <-serveErr:
+		serveErr <- nil
+	}
+	stopLoop()
+	<-loopDone
+	s.shutdown(gs, shutdownTimeout)
+	if serr := <-serveErr; serr != nil && !errors.Is(serr, grpc.ErrServerStopped) && err == nil {
+		err = serr
+	}
+	return err
+}
+
+// reconcileLoop runs the startup reconcile, turns SERVING, then repeats
+// every interval. Only a failure of the startup pass (an unreadable state
+// directory) is returned: serving without knowing the enrolled pods would
+// acknowledge requests against a state we cannot see.
+func (s *Server) reconcileLoop(ctx context.Context) error {
+	if _, err := s.Reconcile(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("startup reconcile: %w", err)
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	s.setServing(true)
+	s.log.Info("serving")
+	if s.interval < 0 {
+		<-ctx.Done()
+		return nil
+	}
+	t := time.NewTicker(s.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if _, err := s.Reconcile(ctx); err != nil && ctx.Err() == nil {
+				s.log.Error("periodic reconcile failed", "error", err)
+			}
+		}
+	}
+}
+
+func (s *Server) shutdown(gs *grpc.Server, timeout time.Duration) {
+	s.log.Info("stopping")
+	s.setServing(false)
+	// Health watches and WatchPods would hold GracefulStop forever.
+	s.health.Shutdown()
+	s.watch.close()
+	done := make(chan struct{})
+	go func() {
+		gs.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		s.log.Warn("graceful stop timed out; cancelling remaining calls", "timeout", timeout)
+		gs.Stop()
+		<-done
+	}
+}

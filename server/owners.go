@@ -1,0 +1,77 @@
+package server
+
+import (
+	"sync"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/nftredir/nftredir/netns"
+)
+
+// owners maps each enrolled namespace to the one pod uid that owns it.
+// All pods share one table name, so two records for one namespace would
+// overwrite each other's rules on every reconcile, and a caller could take
+// over another pod's traffic by naming its namespace under a new uid.
+//
+// The map is a cache of the records, rebuilt at start; it is never held
+// across I/O.
+type owners struct {
+	mu sync.Mutex
+	// protects the following fields
+	byID map[netns.ID]string
+}
+
+func newOwners() *owners { return &owners{byID: map[netns.ID]string{}} }
+
+// load indexes records; when two name one namespace the most recently
+// updated one wins and reconcile drops the other.
+func (o *owners) load(records []*Record, log hclog.Logger) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	newest := map[netns.ID]*Record{}
+	for _, r := range records {
+		id, err := r.netnsID()
+		if err != nil {
+			continue
+		}
+		if cur := newest[id]; cur != nil {
+			log.Warn("two records name one namespace; keeping the newer", "netns_id", id, "pod", r.PodUID, "other", cur.PodUID)
+			if !r.UpdatedAt.After(cur.UpdatedAt) {
+				continue
+			}
+		}
+		newest[id] = r
+	}
+	for id, r := range newest {
+		o.byID[id] = r.PodUID
+	}
+}
+
+func (o *owners) owner(id netns.ID) string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.byID[id]
+}
+
+// claim gives id to uid if it is free, already uid's, or held by stale (a
+// pod whose record no longer names the namespace). Otherwise it returns
+// the current owner and false.
+func (o *owners) claim(id netns.ID, uid, stale string) (string, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	cur := o.byID[id]
+	if cur != "" && cur != uid && cur != stale {
+		return cur, false
+	}
+	o.byID[id] = uid
+	return "", true
+}
+
+// release frees id if uid holds it.
+func (o *owners) release(id netns.ID, uid string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.byID[id] == uid {
+		delete(o.byID, id)
+	}
+}

@@ -1,0 +1,160 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/nftredir/nftredir/netns"
+	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+)
+
+// ReconcileResult counts what one reconcile pass did.
+type ReconcileResult struct {
+	InSync   int // already matched their record
+	Repaired int // table or routing re-applied
+	Dropped  int // namespace gone or replaced: record removed, nothing programmed
+	Failed   int // could not be checked or repaired; retried next pass
+}
+
+type outcome int
+
+const (
+	outcomeNone outcome = iota // record vanished before its turn
+	outcomeInSync
+	outcomeRepaired
+	outcomeDropped
+	outcomeFailed
+)
+
+// Reconcile checks every record against its live namespace: re-applies
+// drifted or missing state and drops records whose namespace is gone or
+// replaced. Each pod is handled under its lock, several pods at a time.
+// Per-pod failures are logged and counted, not returned; the error is for
+// a state directory that cannot be read at all.
+func (s *Server) Reconcile(ctx context.Context) (ReconcileResult, error) {
+	var res ReconcileResult
+	records, err := s.store.List()
+	if err != nil {
+		return res, fmt.Errorf("reconcile: %w", err)
+	}
+	jobs := make(chan string)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range min(s.workers, len(records)) {
+		wg.Go(func() {
+			for uid := range jobs {
+				o := s.reconcileOne(ctx, uid)
+				mu.Lock()
+				switch o {
+				case outcomeInSync:
+					res.InSync++
+				case outcomeRepaired:
+					res.Repaired++
+				case outcomeDropped:
+					res.Dropped++
+				case outcomeFailed:
+					res.Failed++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	for _, r := range records {
+		jobs <- r.PodUID
+	}
+	close(jobs)
+	wg.Wait()
+	level := hclog.Debug
+	if res.Repaired+res.Dropped+res.Failed > 0 {
+		level = hclog.Info
+	}
+	s.log.Log(level, "reconcile done", "pods", len(records), "in_sync", res.InSync, "repaired", res.Repaired, "dropped", res.Dropped, "failed", res.Failed)
+	return res, nil
+}
+
+func (s *Server) reconcileOne(ctx context.Context, uid string) outcome {
+	log := s.log.With("pod", uid)
+	unlock, err := s.locks.lock(ctx, uid)
+	if err != nil {
+		log.Warn("reconcile skipped the pod", "error", err)
+		return outcomeFailed
+	}
+	defer unlock()
+	// Re-read under the lock: the pod may have been released or moved
+	// since the listing.
+	rec, err := s.store.Get(uid)
+	if err != nil {
+		log.Warn("reconcile cannot read the record", "error", err)
+		return outcomeFailed
+	}
+	if rec == nil {
+		return outcomeNone
+	}
+	log = log.With("netns", rec.NetnsPath)
+	id, _ := rec.netnsID()
+	if cur, ok := s.owners.claim(id, uid, ""); !ok {
+		return s.drop(log, rec, fmt.Sprintf("namespace %s is enrolled by pod %s", id, cur))
+	}
+	h, reason, err := s.openRecorded(rec)
+	if err != nil {
+		log.Warn("reconcile cannot open the namespace", "error", err)
+		return outcomeFailed
+	}
+	if h == nil {
+		return s.drop(log, rec, reason)
+	}
+	defer h.Close()
+	live, err := s.inspectHandle(ctx, h, rec)
+	if err != nil {
+		log.Warn("reconcile cannot inspect the namespace", "error", err)
+		return outcomeFailed
+	}
+	if live.inSync() {
+		return outcomeInSync
+	}
+	log.Info("repairing", "detail", live.detail)
+	if err := s.repair(ctx, h, rec); err != nil {
+		log.Error("repair failed; retrying next pass", "error", err)
+		return outcomeFailed
+	}
+	return outcomeRepaired
+}
+
+func (s *Server) repair(ctx context.Context, h *netns.Handle, rec *Record) error {
+	rs, err := rec.ruleset()
+	if err != nil {
+		return err
+	}
+	if err := netns.EnsureRouting(h, rec.Routing.netns()); err != nil {
+		return fmt.Errorf("install policy routing: %w", err)
+	}
+	if err := s.applier.Apply(ctx, h, rs); err != nil {
+		return err
+	}
+	rec.UpdatedAt = s.now()
+	if err := s.store.Put(rec); err != nil {
+		// The kernel matches the record's intent; only the timestamp is
+		// stale, which is not worth failing the repair for.
+		s.log.Warn("cannot update the record's timestamp", "pod", rec.PodUID, "error", err)
+	}
+	return nil
+}
+
+// drop removes a record whose namespace is no longer the one enrolled.
+// Nothing is programmed anywhere: the path may now lead to a namespace
+// that is not this pod's.
+func (s *Server) drop(log hclog.Logger, rec *Record, reason string) outcome {
+	if err := s.store.Delete(rec.PodUID); err != nil {
+		log.Error("cannot drop the record", "error", err)
+		return outcomeFailed
+	}
+	if id, err := rec.netnsID(); err == nil {
+		s.owners.release(id, rec.PodUID)
+	}
+	s.watch.publish(nftredirv1.EventType_EVENT_TYPE_REMOVED, rec.toProto())
+	log.Info("record dropped", "reason", reason)
+	return outcomeDropped
+}

@@ -1,0 +1,200 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/nftredir/nftredir/netns"
+	"github.com/nftredir/nftredir/nft"
+)
+
+// recordVersion is written into every record; a daemon refuses records of
+// a newer version instead of misreading them.
+const recordVersion = 1
+
+// Record is the durable intent for one pod: everything needed to rebuild
+// its ruleset and routing after a restart, without the caller.
+//
+// The spec is stored in full, not as a diff from daemon defaults, so that a
+// restart with other defaults keeps enrolled pods as they were acknowledged
+// until they are added again.
+type Record struct {
+	Version        int        `json:"version"`
+	PodUID         string     `json:"podUid"`
+	PodName        string     `json:"podName,omitempty"`
+	PodNamespace   string     `json:"podNamespace,omitempty"`
+	NetnsPath      string     `json:"netnsPath"`
+	NetnsID        string     `json:"netnsId"`
+	PodIPs         []string   `json:"podIps,omitempty"`
+	ServiceAccount *string    `json:"serviceAccount,omitempty"`
+	Spec           SpecRecord `json:"spec"`
+	Routing        Routing    `json:"routing"`
+	EnrolledAt     time.Time  `json:"enrolledAt"`
+	UpdatedAt      time.Time  `json:"updatedAt"`
+}
+
+// SpecRecord is nft.Spec in a stable JSON form (named fields, text
+// addresses and modes), independent of nft's Go field names.
+type SpecRecord struct {
+	Mode                 string   `json:"mode"`
+	OutboundPort         uint16   `json:"outboundPort"`
+	InboundPort          uint16   `json:"inboundPort"`
+	InboundHBONEPort     uint16   `json:"inboundHbonePort"`
+	DNSPort              uint16   `json:"dnsPort"`
+	ProxyMark            Mark     `json:"proxyMark"`
+	TProxyMark           Mark     `json:"tproxyMark"`
+	ProbeSourceV4        string   `json:"probeSourceV4,omitempty"`
+	ProbeSourceV6        string   `json:"probeSourceV6,omitempty"`
+	CaptureDNS           bool     `json:"captureDns"`
+	IPv6                 bool     `json:"ipv6"`
+	InboundCapture       bool     `json:"inboundCapture"`
+	ExcludeInboundPorts  []uint16 `json:"excludeInboundPorts,omitempty"`
+	ExcludeOutboundPorts []uint16 `json:"excludeOutboundPorts,omitempty"`
+	ExcludeOutboundCIDRs []string `json:"excludeOutboundCidrs,omitempty"`
+}
+
+// Mark is a value under a mask.
+type Mark struct {
+	Value uint32 `json:"value"`
+	Mask  uint32 `json:"mask"`
+}
+
+// Routing is the policy routing installed with the pod, kept so that a
+// release removes exactly what was added even if daemon flags changed.
+type Routing struct {
+	Mark     uint32 `json:"mark"`
+	Mask     uint32 `json:"mask"`
+	Table    int    `json:"table"`
+	Priority int    `json:"priority"`
+}
+
+func routingRecord(r netns.Routing) Routing {
+	return Routing{Mark: r.Mark, Mask: r.Mask, Table: r.Table, Priority: r.Priority}
+}
+
+func (r Routing) netns() netns.Routing {
+	return netns.Routing{Mark: r.Mark, Mask: r.Mask, Table: r.Table, Priority: r.Priority}
+}
+
+func specRecord(s nft.Spec) SpecRecord {
+	r := SpecRecord{
+		Mode:                 s.Mode.String(),
+		OutboundPort:         s.OutboundPort,
+		InboundPort:          s.InboundPort,
+		InboundHBONEPort:     s.InboundHBONEPort,
+		DNSPort:              s.DNSPort,
+		ProxyMark:            Mark(s.ProxyMark),
+		TProxyMark:           Mark(s.TProxyMark),
+		CaptureDNS:           s.CaptureDNS,
+		IPv6:                 s.IPv6,
+		InboundCapture:       !s.NoInboundCapture,
+		ExcludeInboundPorts:  slices.Clone(s.ExcludeInboundPorts),
+		ExcludeOutboundPorts: slices.Clone(s.ExcludeOutboundPorts),
+	}
+	if s.ProbeSourceV4.IsValid() {
+		r.ProbeSourceV4 = s.ProbeSourceV4.String()
+	}
+	if s.ProbeSourceV6.IsValid() {
+		r.ProbeSourceV6 = s.ProbeSourceV6.String()
+	}
+	for _, c := range s.ExcludeOutboundCIDRs {
+		r.ExcludeOutboundCIDRs = append(r.ExcludeOutboundCIDRs, c.String())
+	}
+	return r
+}
+
+// spec rebuilds the nft.Spec for podUID.
+func (r SpecRecord) spec(podUID string) (nft.Spec, error) {
+	mode, err := nft.ParseMode(r.Mode)
+	if err != nil {
+		return nft.Spec{}, err
+	}
+	s := nft.Spec{
+		PodID:                podUID,
+		Mode:                 mode,
+		OutboundPort:         r.OutboundPort,
+		InboundPort:          r.InboundPort,
+		InboundHBONEPort:     r.InboundHBONEPort,
+		DNSPort:              r.DNSPort,
+		ProxyMark:            nft.Mark(r.ProxyMark),
+		TProxyMark:           nft.Mark(r.TProxyMark),
+		CaptureDNS:           r.CaptureDNS,
+		IPv6:                 r.IPv6,
+		NoInboundCapture:     !r.InboundCapture,
+		ExcludeInboundPorts:  slices.Clone(r.ExcludeInboundPorts),
+		ExcludeOutboundPorts: slices.Clone(r.ExcludeOutboundPorts),
+	}
+	if r.ProbeSourceV4 != "" {
+		if s.ProbeSourceV4, err = netip.ParseAddr(r.ProbeSourceV4); err != nil {
+			return nft.Spec{}, fmt.Errorf("probe source v4: %w", err)
+		}
+	}
+	if r.ProbeSourceV6 != "" {
+		if s.ProbeSourceV6, err = netip.ParseAddr(r.ProbeSourceV6); err != nil {
+			return nft.Spec{}, fmt.Errorf("probe source v6: %w", err)
+		}
+	}
+	for _, c := range r.ExcludeOutboundCIDRs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nft.Spec{}, fmt.Errorf("excluded CIDR: %w", err)
+		}
+		s.ExcludeOutboundCIDRs = append(s.ExcludeOutboundCIDRs, p)
+	}
+	return s, nil
+}
+
+// ruleset builds the pod's ruleset from the record.
+func (r *Record) ruleset() (*nft.Ruleset, error) {
+	s, err := r.Spec.spec(r.PodUID)
+	if err != nil {
+		return nil, fmt.Errorf("record of pod %s: %w", r.PodUID, err)
+	}
+	return nft.Build(s)
+}
+
+// netnsID parses the recorded namespace identity.
+func (r *Record) netnsID() (netns.ID, error) { return netns.ParseID(r.NetnsID) }
+
+// check rejects a record that cannot be acted on; such records are set
+// aside rather than half-applied.
+func (r *Record) check() error {
+	var errs []error
+	if r.Version < 1 || r.Version > recordVersion {
+		errs = append(errs, fmt.Errorf("record version %d is not supported (this daemon reads 1..%d)", r.Version, recordVersion))
+	}
+	if err := checkPodUID(r.PodUID); err != nil {
+		errs = append(errs, err)
+	}
+	if !filepath.IsAbs(r.NetnsPath) {
+		errs = append(errs, fmt.Errorf("netns path %q is not absolute", r.NetnsPath))
+	}
+	if id, err := r.netnsID(); err != nil {
+		errs = append(errs, err)
+	} else if id.IsZero() {
+		errs = append(errs, errors.New("netns id is zero"))
+	}
+	if _, err := r.ruleset(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := r.Routing.netns().Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// sameIntent reports whether two records ask for the same enrolment,
+// ignoring timestamps; a re-apply with the same intent is not an event.
+func sameIntent(a, b *Record) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	x, y := *a, *b
+	x.EnrolledAt, x.UpdatedAt = time.Time{}, time.Time{}
+	y.EnrolledAt, y.UpdatedAt = time.Time{}, time.Time{}
+	return equalJSON(&x, &y)
+}

@@ -1,0 +1,524 @@
+package server
+
+import (
+	"context"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/nftredir/nftredir/nft"
+	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+)
+
+func TestAddGetRemove(t *testing.T) {
+	ns := newNetns(t)
+	ts := startServer(t, true)
+	pod := ts.mustAdd(t, "pod-1", ns.path)
+	if pod.PodUid != "pod-1" || pod.NetnsPath != ns.path || pod.NetnsId == "" || pod.EnrolledAt == nil {
+		t.Errorf("reply lacks the record: %v", pod)
+	}
+	if o := pod.Options; o.GetCaptureMode() != nftredirv1.CaptureMode_CAPTURE_MODE_TPROXY || o.DnsCapture == nil || !o.GetIpv6() || !o.GetInboundCapture() {
+		t.Errorf("effective options not filled in: %v", o)
+	}
+	if !ns.hasTable(t) {
+		t.Fatal("no table in the pod namespace after AddPod")
+	}
+	if out := run(t, "ip", "-n", ns.name, "rule", "show"); !strings.Contains(out, "fwmark 0x111/0xfff lookup 100") {
+		t.Errorf("no fwmark rule after AddPod:\n%s", out)
+	}
+	got := ts.get(t, "pod-1")
+	if got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC {
+		t.Fatalf("GetPod = %v (%s), want IN_SYNC", got.SyncStatus, got.Detail)
+	}
+	if !strings.Contains(got.LiveRuleset, "table inet nftredir") || !proto.Equal(got.Pod, pod) {
+		t.Errorf("GetPod: live ruleset %q, pod %v", got.LiveRuleset, got.Pod)
+	}
+	list, err := ts.api.ListPods(ctxT(t), &nftredirv1.ListPodsRequest{})
+	if err != nil || len(list.Pods) != 1 || list.Pods[0].PodUid != "pod-1" {
+		t.Fatalf("ListPods = %v, %v", list, err)
+	}
+
+	for i, want := range []bool{true, false} {
+		resp, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "pod-1"})
+		if err != nil || resp.Existed != want {
+			t.Fatalf("RemovePod #%d = %v, %v; want existed=%v", i+1, resp, err, want)
+		}
+	}
+	if ns.hasTable(t) {
+		t.Error("table left after RemovePod")
+	}
+	if out := run(t, "ip", "-n", ns.name, "rule", "show"); strings.Contains(out, "fwmark 0x111") {
+		t.Errorf("fwmark rule left after RemovePod:\n%s", out)
+	}
+	if out := run(t, "ip", "-n", ns.name, "route", "show", "table", "100"); strings.TrimSpace(out) != "" {
+		t.Errorf("routes left in table 100:\n%s", out)
+	}
+	if _, err := ts.api.GetPod(ctxT(t), &nftredirv1.GetPodRequest{PodUid: "pod-1"}); status.Code(err) != codes.NotFound {
+		t.Errorf("GetPod after RemovePod: %v, want NotFound", err)
+	}
+	if len(ts.records(t)) != 0 {
+		t.Error("record left after RemovePod")
+	}
+}
+
+func TestAddPodIdempotent(t *testing.T) {
+	ns := newNetns(t)
+	ts := startServer(t, true)
+	first := ts.mustAdd(t, "pod-1", ns.path)
+	listing := ns.listTable(t)
+	second := ts.mustAdd(t, "pod-1", ns.path)
+	if !first.EnrolledAt.AsTime().Equal(second.EnrolledAt.AsTime()) {
+		t.Errorf("enrolled_at changed on a repeat: %v -> %v", first.EnrolledAt.AsTime(), second.EnrolledAt.AsTime())
+	}
+	if again := ns.listTable(t); again != listing {
+		t.Errorf("a repeat AddPod changed the table:\n%s\n---\n%s", listing, again)
+	}
+	if out := run(t, "ip", "-n", ns.name, "rule", "show"); strings.Count(out, "fwmark 0x111") != 1 {
+		t.Errorf("a repeat AddPod duplicated the rule:\n%s", out)
+	}
+	// Changed options re-apply.
+	_, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "pod-1", NetnsPath: ns.path,
+		Options: &nftredirv1.RedirectOptions{ExcludeInboundPorts: []uint32{15021}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(ns.listTable(t), "15021") {
+		t.Error("changed options were not applied")
+	}
+	if got := ts.get(t, "pod-1"); got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC {
+		t.Errorf("after re-apply: %v %s", got.SyncStatus, got.Detail)
+	}
+}
+
+func TestRemovePodAfterNetnsDeleted(t *testing.T) {
+	ns := newNetns(t)
+	ts := startServer(t, true)
+	ts.mustAdd(t, "pod-1", ns.path)
+	ns.del(t)
+	if got := ts.get(t, "pod-1"); got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_NETNS_GONE {
+		t.Errorf("GetPod after the netns went: %v", got.SyncStatus)
+	}
+	resp, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "pod-1"})
+	if err != nil || !resp.Existed {
+		t.Fatalf("RemovePod = %v, %v", resp, err)
+	}
+	if len(ts.records(t)) != 0 {
+		t.Error("record left")
+	}
+}
+
+func TestHostilePathsChangeNothing(t *testing.T) {
+	requirePrivileged(t)
+	ts := startServer(t, true)
+	dir := t.TempDir()
+	symlink := filepath.Join(dir, "host-link")
+	if err := os.Symlink("/proc/self/ns/net", symlink); err != nil {
+		t.Fatal(err)
+	}
+	regular := filepath.Join(dir, "file")
+	if err := os.WriteFile(regular, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		path string
+		want codes.Code
+	}{
+		{"/proc/1/ns/net", codes.FailedPrecondition},
+		{"/proc/self/ns/net", codes.FailedPrecondition},
+		{"/proc/" + strconv.Itoa(os.Getpid()) + "/ns/net", codes.FailedPrecondition},
+		{symlink, codes.FailedPrecondition},
+		{regular, codes.FailedPrecondition},
+		{fifo, codes.FailedPrecondition},
+		{dir, codes.FailedPrecondition},
+		{"/dev/null", codes.FailedPrecondition},
+		{"/proc/self/ns/mnt", codes.FailedPrecondition},
+		{"/run/netns/nftr-s-does-not-exist", codes.FailedPrecondition},
+		{"", codes.InvalidArgument},
+		{"run/netns/x", codes.InvalidArgument},
+		{"/run/netns/../netns/x", codes.InvalidArgument},
+	}
+	for _, tt := range tests {
+		_, err := ts.add(t, "hostile", tt.path)
+		if status.Code(err) != tt.want {
+			t.Errorf("AddPod %q: %v, want %v", tt.path, err, tt.want)
+		}
+	}
+	if n := len(ts.records(t)); n != 0 {
+		t.Errorf("%d records after hostile requests", n)
+	}
+	if hostHasTable(t) {
+		t.Fatal("the test's own namespace got an nftredir table")
+	}
+	if out := run(t, "ip", "rule", "show"); strings.Contains(out, "lookup 100") {
+		t.Errorf("the host got a fwmark rule:\n%s", out)
+	}
+}
+
+func TestTamperIsReportedAndRepaired(t *testing.T) {
+	ns := newNetns(t)
+	ts := startServer(t, true)
+	ts.mustAdd(t, "pod-1", ns.path)
+
+	run(t, "ip", "netns", "exec", ns.name, "nft", "delete", "table", "inet", nft.TableName)
+	got := ts.get(t, "pod-1")
+	if got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_ABSENT || !strings.Contains(got.Detail, "missing") {
+		t.Fatalf("after deleting the table: %v %q", got.SyncStatus, got.Detail)
+	}
+	res, err := ts.srv.Reconcile(ctxT(t))
+	if err != nil || res.Repaired != 1 {
+		t.Fatalf("Reconcile = %+v, %v; want one repair", res, err)
+	}
+	if got := ts.get(t, "pod-1"); got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC {
+		t.Fatalf("after repair: %v %q", got.SyncStatus, got.Detail)
+	}
+
+	run(t, "ip", "netns", "exec", ns.name, "nft", "add", "rule", "inet", nft.TableName, "nat-output", "counter")
+	if got := ts.get(t, "pod-1"); got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_DRIFTED {
+		t.Fatalf("after adding a rule: %v %q", got.SyncStatus, got.Detail)
+	}
+	run(t, "ip", "-n", ns.name, "rule", "del", "fwmark", "0x111/0xfff", "lookup", "100")
+	got = ts.get(t, "pod-1")
+	if got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_DRIFTED || !strings.Contains(got.Detail, "IPv4 fwmark rule") {
+		t.Fatalf("after deleting the rule: %v %q", got.SyncStatus, got.Detail)
+	}
+	res, err = ts.srv.Reconcile(ctxT(t))
+	if err != nil || res.Repaired != 1 {
+		t.Fatalf("Reconcile = %+v, %v; want one repair", res, err)
+	}
+	if got := ts.get(t, "pod-1"); got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC {
+		t.Fatalf("after second repair: %v %q", got.SyncStatus, got.Detail)
+	}
+	res, _ = ts.srv.Reconcile(ctxT(t))
+	if res != (ReconcileResult{InSync: 1}) {
+		t.Errorf("third reconcile = %+v, want all in sync", res)
+	}
+}
+
+func TestReconcileDropsReplacedNamespace(t *testing.T) {
+	ns := newNetns(t)
+	gone := newNetns(t)
+	ts := startServer(t, true)
+	ts.mustAdd(t, "replaced", ns.path)
+	ts.mustAdd(t, "gone", gone.path)
+	// Hold the old namespace open so the new one cannot reuse its inode.
+	old, err := os.Open(ns.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	ns.del(t)
+	ns.create(t)
+	gone.del(t)
+
+	got := ts.get(t, "replaced")
+	if got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_NETNS_GONE || !strings.Contains(got.Detail, "now names namespace") {
+		t.Errorf("GetPod of a replaced namespace: %v %q", got.SyncStatus, got.Detail)
+	}
+	res, err := ts.srv.Reconcile(ctxT(t))
+	if err != nil || res.Dropped != 2 || res.Repaired != 0 {
+		t.Fatalf("Reconcile = %+v, %v; want two drops", res, err)
+	}
+	if ns.hasTable(t) {
+		t.Fatal("the namespace now at the old path was programmed")
+	}
+	if len(ts.records(t)) != 0 {
+		t.Error("records survived")
+	}
+	// The path names a fresh namespace: enrolling it again works.
+	ts.mustAdd(t, "replaced", ns.path)
+}
+
+func TestAddPodMovesToNewNamespace(t *testing.T) {
+	a, b := newNetns(t), newNetns(t)
+	ts := startServer(t, true)
+	ts.mustAdd(t, "pod-1", a.path)
+	pod := ts.mustAdd(t, "pod-1", b.path)
+	if pod.NetnsPath != b.path {
+		t.Errorf("record still names %s", pod.NetnsPath)
+	}
+	if a.hasTable(t) || !b.hasTable(t) {
+		t.Errorf("after the move: old has table %v, new has table %v", a.hasTable(t), b.hasTable(t))
+	}
+	if out := run(t, "ip", "-n", a.name, "rule", "show"); strings.Contains(out, "fwmark 0x111") {
+		t.Errorf("old namespace kept the rule:\n%s", out)
+	}
+}
+
+func TestNamespaceBelongsToOnePod(t *testing.T) {
+	ns := newNetns(t)
+	ts := startServer(t, true)
+	ts.mustAdd(t, "owner", ns.path)
+	_, err := ts.add(t, "intruder", ns.path)
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), `"owner"`) {
+		t.Fatalf("second pod on one namespace: %v", err)
+	}
+	if len(ts.records(t)) != 1 {
+		t.Error("the intruder got a record")
+	}
+	if _, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "owner"}); err != nil {
+		t.Fatal(err)
+	}
+	ts.mustAdd(t, "intruder", ns.path) // free again
+}
+
+func TestFailedApplyChangesNothing(t *testing.T) {
+	ns := newNetns(t)
+	ts := startServer(t, true, withApplier(&failingApplier{Applier: nft.NewNetlink(), pod: "doomed"}))
+	if _, err := ts.add(t, "doomed", ns.path); status.Code(err) != codes.Internal {
+		t.Fatalf("AddPod with a failing applier: %v", err)
+	}
+	if len(ts.records(t)) != 0 || ns.hasTable(t) {
+		t.Error("a failed AddPod left a record or a table")
+	}
+	if out := run(t, "ip", "-n", ns.name, "rule", "show"); strings.Contains(out, "fwmark 0x111") {
+		t.Errorf("a failed AddPod left routing:\n%s", out)
+	}
+	ts.mustAdd(t, "other", ns.path) // the namespace was not claimed
+}
+
+func TestPanicIsInternalAndServerKeepsServing(t *testing.T) {
+	ns, ns2 := newNetns(t), newNetns(t)
+	hook := &hookApplier{Applier: nft.NewNetlink(), beforeApply: func(rs *nft.Ruleset) {
+		if rs.Spec.PodID == "boom" {
+			panic("injected panic")
+		}
+	}}
+	ts := startServer(t, true, withApplier(hook))
+	_, err := ts.add(t, "boom", ns.path)
+	if status.Code(err) != codes.Internal || strings.Contains(err.Error(), "goroutine") || strings.Contains(err.Error(), "injected") {
+		t.Fatalf("panicking AddPod: %v; want Internal without details", err)
+	}
+	if !strings.Contains(ts.logs.String(), "injected panic") || !strings.Contains(ts.logs.String(), "goroutine") {
+		t.Error("the panic and its stack are not in the log")
+	}
+	if len(ts.records(t)) != 0 || ns.hasTable(t) {
+		t.Error("a panicking AddPod left a record or a table")
+	}
+	ts.mustAdd(t, "fine", ns2.path)
+	ts.mustAdd(t, "boom-free", ns.path) // the lock and the claim were released
+}
+
+func TestHealthTurnsServingAfterStartupReconcile(t *testing.T) {
+	ns := newNetns(t)
+	state := filepath.Join(t.TempDir(), "pods")
+	first := startServer(t, true, withStateDir(state))
+	first.mustAdd(t, "pod-1", ns.path)
+	first.stop()
+
+	entered, release := make(chan struct{}), make(chan struct{})
+	hook := &hookApplier{Applier: nft.NewNetlink(), beforeVerify: func() {
+		select {
+		case <-entered:
+		default:
+			close(entered)
+			<-release
+		}
+	}}
+	ts := startServer(t, false, withStateDir(state), withApplier(hook))
+	<-entered // the startup reconcile is running
+	for _, svc := range []string{"", ServiceName} {
+		resp, err := ts.health.Check(ctxT(t), &healthgrpc.HealthCheckRequest{Service: svc})
+		if err != nil || resp.Status != healthgrpc.HealthCheckResponse_NOT_SERVING {
+			t.Fatalf("health %q during startup = %v, %v; want NOT_SERVING", svc, resp, err)
+		}
+	}
+	if _, err := ts.api.ListPods(ctxT(t), &nftredirv1.ListPodsRequest{}); status.Code(err) != codes.Unavailable {
+		t.Errorf("ListPods during startup: %v, want Unavailable", err)
+	}
+	close(release)
+	ts.waitServing(t)
+	resp, err := ts.health.Check(ctxT(t), &healthgrpc.HealthCheckRequest{})
+	if err != nil || resp.Status != healthgrpc.HealthCheckResponse_SERVING {
+		t.Fatalf("overall health = %v, %v", resp, err)
+	}
+	if got := ts.get(t, "pod-1"); got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC {
+		t.Errorf("pod after restart: %v", got.SyncStatus)
+	}
+}
+
+func TestWatchPods(t *testing.T) {
+	a, b := newNetns(t), newNetns(t)
+	ts := startServer(t, true)
+	ts.mustAdd(t, "pod-a", a.path)
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	w, err := ts.api.WatchPods(ctx, &nftredirv1.WatchPodsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect := func(ev nftredirv1.EventType, uid string) {
+		t.Helper()
+		m, err := w.Recv()
+		if err != nil {
+			t.Fatalf("Recv: %v", err)
+		}
+		if m.Event != ev || m.GetPod().GetPodUid() != uid {
+			t.Fatalf("got %v %q, want %v %q", m.Event, m.GetPod().GetPodUid(), ev, uid)
+		}
+	}
+	expect(nftredirv1.EventType_EVENT_TYPE_ADDED, "pod-a")
+	expect(nftredirv1.EventType_EVENT_TYPE_SNAPSHOT_DONE, "")
+	ts.mustAdd(t, "pod-b", b.path)
+	expect(nftredirv1.EventType_EVENT_TYPE_ADDED, "pod-b")
+	ts.mustAdd(t, "pod-b", b.path) // unchanged: no event
+	if _, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "pod-a"}); err != nil {
+		t.Fatal(err)
+	}
+	expect(nftredirv1.EventType_EVENT_TYPE_REMOVED, "pod-a")
+	// Stopping the daemon ends the watch with Unavailable.
+	ts.stop()
+	if _, err := w.Recv(); status.Code(err) != codes.Unavailable {
+		t.Errorf("watch after stop: %v, want Unavailable", err)
+	}
+}
+
+func TestPeerCredentialDenial(t *testing.T) {
+	requirePrivileged(t)
+	// The helper runs as nobody: it needs a binary and a socket it can reach.
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(openDir(t), "server.test")
+	copyFile(t, exe, bin)
+
+	for _, tc := range []struct {
+		name string
+		opt  serverOpt
+		want string
+	}{
+		{"not allowed", func(*Config) {}, "PermissionDenied|caller uid 65534 gid 65534 is not allowed; start nftredird with --allow-uid/--allow-gid"},
+		{"uid allowed", func(c *Config) { c.AllowUIDs = []uint32{65534} }, "OK|"},
+		{"gid allowed", func(c *Config) { c.AllowGIDs = []uint32{65534} }, "OK|"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := startServer(t, true, tc.opt)
+			for _, p := range []string{filepath.Dir(ts.dir), ts.dir} {
+				if err := os.Chmod(p, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.Chmod(ts.socket, 0o666); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(bin, "-test.run=^$")
+			cmd.Env = append(os.Environ(), dialEnv+"="+ts.socket)
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+			cmd.Stderr = io.Discard
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("helper: %v: %s", err, out)
+			}
+			if got := strings.TrimSpace(string(out)); got != tc.want {
+				t.Fatalf("unprivileged ListPods = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// openDir is a temp dir that other users can traverse.
+func openDir(t *testing.T) string {
+	dir := t.TempDir()
+	for _, p := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func copyFile(t *testing.T, src, dst string) {
+	t.Helper()
+	in, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPodsDoNotWaitForEachOther(t *testing.T) {
+	slowNS, fastNS := newNetns(t), newNetns(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	hook := &hookApplier{Applier: nft.NewNetlink(), beforeApply: func(rs *nft.Ruleset) {
+		if rs.Spec.PodID == "slow" {
+			close(entered)
+			<-release
+		}
+	}}
+	ts := startServer(t, true, withApplier(hook))
+	slowDone := make(chan error, 1)
+	go func() {
+		_, err := ts.add(t, "slow", slowNS.path)
+		slowDone <- err
+	}()
+	<-entered // "slow" holds its lock, inside the kernel work
+	// Another pod goes through while "slow" is held...
+	ts.mustAdd(t, "fast", fastNS.path)
+	// ...but a second call for "slow" waits for the first.
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := ts.api.GetPod(ctx, &nftredirv1.GetPodRequest{PodUid: "slow"}); status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("GetPod while AddPod holds the pod: %v, want DeadlineExceeded", err)
+	}
+	close(release)
+	if err := <-slowDone; err != nil {
+		t.Fatal(err)
+	}
+	if got := ts.get(t, "slow"); got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC {
+		t.Errorf("slow pod: %v", got.SyncStatus)
+	}
+}
+
+func TestReflectionAndMessageLimit(t *testing.T) {
+	ts := startServer(t, true)
+	stream, err := reflectionpb.NewServerReflectionClient(ts.conn).ServerReflectionInfo(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		names = append(names, s.GetName())
+	}
+	if !slices.Contains(names, ServiceName) || !slices.Contains(names, "grpc.health.v1.Health") {
+		t.Errorf("reflection lists %v", names)
+	}
+	_, err = ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "big", NetnsPath: "/run/netns/x", PodName: strings.Repeat("x", MaxRecvMsgSize)})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("oversized request: %v, want ResourceExhausted", err)
+	}
+}

@@ -1,0 +1,409 @@
+package server
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/nftredir/nftredir/netns"
+	"github.com/nftredir/nftredir/nft"
+	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+)
+
+var _ nftredirv1.RedirectServiceServer = (*Server)(nil)
+
+func (s *Server) checkReady() error {
+	if !s.ready.Load() {
+		return status.Error(codes.Unavailable, "nftredird is starting or stopping (reconciling recorded pods); retry shortly")
+	}
+	return nil
+}
+
+// AddPod enrols a pod or re-applies its enrolment.
+func (s *Server) AddPod(ctx context.Context, req *nftredirv1.AddPodRequest) (*nftredirv1.AddPodResponse, error) {
+	if err := s.checkReady(); err != nil {
+		return nil, err
+	}
+	a, err := validateAdd(req, s.defaults)
+	if err != nil {
+		return nil, err
+	}
+	log := s.log.With("pod", a.uid, "netns", a.netnsPath)
+	logging.AddFields(ctx, logging.Fields{"pod", a.uid, "netns", a.netnsPath})
+	unlock, err := s.locks.lock(ctx, a.uid)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	defer unlock()
+	rec, err := s.addPod(ctx, log, a)
+	if err != nil {
+		log.Debug("add refused or failed; nothing changed", "error", err)
+		return nil, toStatus(err)
+	}
+	return &nftredirv1.AddPodResponse{Pod: rec.toProto()}, nil
+}
+
+// addPod runs under the pod's lock. The record (intent) is written before
+// the kernel is touched, and rolled back if the kernel work fails or
+// panics, so a crash at any instant leaves either the pod's previous state
+// or a record that reconcile completes, and an error reply means nothing
+// changed.
+func (s *Server) addPod(ctx context.Context, log hclog.Logger, a *addPod) (*Record, error) {
+	h, err := s.open(a.netnsPath)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	rs, err := nft.Build(a.spec)
+	if err != nil {
+		return nil, invalidArgument("options: %v", err)
+	}
+	id := h.ID()
+	prev, err := s.store.Get(a.uid)
+	if err != nil {
+		return nil, err
+	}
+	var prevID netns.ID
+	if prev != nil {
+		prevID, _ = prev.netnsID() // records are checked when read
+	}
+	sameNS := prev != nil && prevID == id
+	if err := s.claim(h, a.uid); err != nil {
+		return nil, err
+	}
+
+	now := s.now()
+	rec := &Record{
+		Version:        recordVersion,
+		PodUID:         a.uid,
+		PodName:        a.name,
+		PodNamespace:   a.namespace,
+		NetnsPath:      a.netnsPath,
+		NetnsID:        id.String(),
+		PodIPs:         a.podIPs,
+		ServiceAccount: a.serviceAccount,
+		Spec:           specRecord(a.spec),
+		Routing:        routingRecord(s.routing),
+		EnrolledAt:     now,
+		UpdatedAt:      now,
+	}
+	if prev != nil {
+		rec.EnrolledAt = prev.EnrolledAt
+	}
+	if err := s.store.Put(rec); err != nil {
+		if !sameNS {
+			s.owners.release(id, a.uid)
+		}
+		return nil, err
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			s.rollbackAdd(log, h, rec, prev, sameNS)
+		}
+	}()
+	if err := netns.EnsureRouting(h, s.routing); err != nil {
+		return nil, fmt.Errorf("install policy routing: %w", err)
+	}
+	if err := s.applier.Apply(ctx, h, rs); err != nil {
+		return nil, err
+	}
+	committed = true
+
+	if sameNS && prev.Routing != rec.Routing {
+		// Daemon flags changed the routing since the pod was enrolled: drop
+		// the old rule, then make sure the new one survived a shared table.
+		if err := netns.RemoveRouting(h, prev.Routing.netns()); err != nil {
+			log.Warn("cannot remove the pod's previous policy routing", "error", err)
+		}
+		if err := netns.EnsureRouting(h, s.routing); err != nil {
+			log.Warn("cannot reinstall policy routing; reconcile will retry", "error", err)
+		}
+	}
+	if prev != nil && !sameNS {
+		s.releaseOldNamespace(log, prev)
+		s.owners.release(prevID, a.uid)
+	}
+	if !sameIntent(prev, rec) {
+		s.watch.publish(nftredirv1.EventType_EVENT_TYPE_ADDED, rec.toProto())
+	}
+	switch {
+	case prev == nil:
+		log.Info("pod enrolled", "netns_id", id, "digest", rs.Digest)
+	case !sameNS:
+		log.Info("pod moved to another namespace", "netns_id", id, "old_netns", prev.NetnsPath, "old_netns_id", prev.NetnsID)
+	default:
+		log.Debug("pod re-applied", "digest", rs.Digest)
+	}
+	return rec, nil
+}
+
+// claim makes uid the owner of the opened namespace, unless another pod
+// still holds it.
+func (s *Server) claim(h *netns.Handle, uid string) error {
+	id := h.ID()
+	owner := s.owners.owner(id)
+	stale := ""
+	if owner != "" && owner != uid {
+		if s.stillOwns(owner, id) {
+			return netnsInUse(h.Path(), id, owner)
+		}
+		stale = owner
+	}
+	if cur, ok := s.owners.claim(id, uid, stale); !ok {
+		return netnsInUse(h.Path(), id, cur)
+	}
+	return nil
+}
+
+// stillOwns reports whether owner's record names namespace id and its path
+// still leads there. When in doubt it says yes: refusing an AddPod is
+// recoverable, handing a namespace to a second pod is not.
+func (s *Server) stillOwns(owner string, id netns.ID) bool {
+	r, err := s.store.Get(owner)
+	if err != nil {
+		return true
+	}
+	if r == nil {
+		return false
+	}
+	if rid, err := r.netnsID(); err != nil || rid != id {
+		return false
+	}
+	h, err := s.guard.Open(r.NetnsPath)
+	if err != nil {
+		return !namespaceGone(err)
+	}
+	defer h.Close()
+	return h.ID() == id
+}
+
+// rollbackAdd undoes addPod after the record was written. It runs on
+// error and on panic, with a context of its own: the caller's may be
+// the reason for the failure.
+func (s *Server) rollbackAdd(log hclog.Logger, h *netns.Handle, rec, prev *Record, sameNS bool) {
+	ctx := context.Background()
+	var errs []error
+	if !sameNS {
+		// The namespace had nothing of this pod's before the call. Apply is
+		// atomic, so the table is as it was; routing may have been added.
+		if err := s.applier.Remove(ctx, h); err != nil {
+			errs = append(errs, err)
+		}
+		if err := netns.RemoveRouting(h, s.routing); err != nil {
+			errs = append(errs, err)
+		}
+		s.owners.release(h.ID(), rec.PodUID)
+	}
+	if prev != nil {
+		errs = append(errs, s.store.Put(prev))
+	} else {
+		errs = append(errs, s.store.Delete(rec.PodUID))
+	}
+	if err := errors.Join(errs...); err != nil {
+		log.Error("rollback of a failed add is incomplete; reconcile will converge on the recorded state", "error", err)
+	}
+}
+
+// releaseOldNamespace removes the pod's table and routing from the
+// namespace it was enrolled in before, if its path still leads there.
+func (s *Server) releaseOldNamespace(log hclog.Logger, prev *Record) {
+	prevID, _ := prev.netnsID()
+	h, err := s.guard.Open(prev.NetnsPath)
+	if err != nil {
+		log.Debug("previous namespace is gone; nothing to remove there", "old_netns", prev.NetnsPath, "error", err)
+		return
+	}
+	defer h.Close()
+	if h.ID() != prevID {
+		log.Debug("previous path now names another namespace; leaving it alone", "old_netns", prev.NetnsPath)
+		return
+	}
+	if err := s.applier.Remove(context.Background(), h); err != nil {
+		log.Warn("cannot remove the table from the pod's previous namespace", "old_netns", prev.NetnsPath, "error", err)
+	}
+	if err := netns.RemoveRouting(h, prev.Routing.netns()); err != nil {
+		log.Warn("cannot remove routing from the pod's previous namespace", "old_netns", prev.NetnsPath, "error", err)
+	}
+}
+
+// RemovePod releases a pod; unknown pods and vanished namespaces are fine.
+func (s *Server) RemovePod(ctx context.Context, req *nftredirv1.RemovePodRequest) (*nftredirv1.RemovePodResponse, error) {
+	if err := s.checkReady(); err != nil {
+		return nil, err
+	}
+	uid := req.GetPodUid()
+	if err := validateUID(uid); err != nil {
+		return nil, err
+	}
+	logging.AddFields(ctx, logging.Fields{"pod", uid})
+	unlock, err := s.locks.lock(ctx, uid)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	defer unlock()
+	existed, err := s.removePod(ctx, uid)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &nftredirv1.RemovePodResponse{Existed: existed}, nil
+}
+
+func (s *Server) removePod(ctx context.Context, uid string) (bool, error) {
+	rec, err := s.store.Get(uid)
+	if err != nil || rec == nil {
+		return false, err
+	}
+	log := s.log.With("pod", uid, "netns", rec.NetnsPath)
+	id, _ := rec.netnsID()
+	h, err := s.open(rec.NetnsPath)
+	switch {
+	case err == nil && h.ID() == id:
+		defer h.Close()
+		if err := s.applier.Remove(ctx, h); err != nil {
+			return true, err
+		}
+		if err := netns.RemoveRouting(h, rec.Routing.netns()); err != nil {
+			return true, fmt.Errorf("remove policy routing: %w", err)
+		}
+	case err == nil:
+		h.Close()
+		log.Info("path names another namespace now; leaving it alone", "netns_id", h.ID(), "recorded_netns_id", id)
+	case namespaceGone(err):
+		log.Debug("namespace already gone", "error", err)
+	default:
+		return true, err
+	}
+	if err := s.store.Delete(uid); err != nil {
+		return true, err
+	}
+	s.owners.release(id, uid)
+	s.watch.publish(nftredirv1.EventType_EVENT_TYPE_REMOVED, rec.toProto())
+	log.Info("pod released")
+	return true, nil
+}
+
+// GetPod returns the record and a live comparison with the kernel.
+func (s *Server) GetPod(ctx context.Context, req *nftredirv1.GetPodRequest) (*nftredirv1.GetPodResponse, error) {
+	if err := s.checkReady(); err != nil {
+		return nil, err
+	}
+	uid := req.GetPodUid()
+	if err := validateUID(uid); err != nil {
+		return nil, err
+	}
+	logging.AddFields(ctx, logging.Fields{"pod", uid})
+	unlock, err := s.locks.lock(ctx, uid)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	defer unlock()
+	resp, err := s.getPod(ctx, uid)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return resp, nil
+}
+
+func (s *Server) getPod(ctx context.Context, uid string) (*nftredirv1.GetPodResponse, error) {
+	rec, err := s.store.Get(uid)
+	if err != nil {
+		return nil, err
+	}
+	if rec == nil {
+		return nil, status.Errorf(codes.NotFound, "pod %s is not enrolled; ListPods shows the enrolled pods", uid)
+	}
+	resp := &nftredirv1.GetPodResponse{Pod: rec.toProto()}
+	live, err := s.inspect(ctx, rec)
+	if err != nil {
+		return nil, err
+	}
+	resp.LiveRuleset = live.text
+	resp.Detail = live.detail
+	switch {
+	case live.gone:
+		resp.SyncStatus = nftredirv1.SyncStatus_SYNC_STATUS_NETNS_GONE
+	case live.table == nft.StatusAbsent:
+		resp.SyncStatus = nftredirv1.SyncStatus_SYNC_STATUS_ABSENT
+	case live.table == nft.StatusDrifted || !live.routing.Complete():
+		resp.SyncStatus = nftredirv1.SyncStatus_SYNC_STATUS_DRIFTED
+	default:
+		resp.SyncStatus = nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC
+	}
+	return resp, nil
+}
+
+// ListPods returns every record, without entering any namespace.
+func (s *Server) ListPods(ctx context.Context, _ *nftredirv1.ListPodsRequest) (*nftredirv1.ListPodsResponse, error) {
+	if err := s.checkReady(); err != nil {
+		return nil, err
+	}
+	pods, err := s.listPods()
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &nftredirv1.ListPodsResponse{Pods: pods}, nil
+}
+
+func (s *Server) listPods() ([]*nftredirv1.Pod, error) {
+	records, err := s.store.List()
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(records, func(a, b *Record) int {
+		return cmp.Or(cmp.Compare(a.PodNamespace, b.PodNamespace), cmp.Compare(a.PodName, b.PodName), cmp.Compare(a.PodUID, b.PodUID))
+	})
+	pods := make([]*nftredirv1.Pod, len(records))
+	for i, r := range records {
+		pods[i] = r.toProto()
+	}
+	return pods, nil
+}
+
+// WatchPods sends the current set, a snapshot marker, then live events.
+func (s *Server) WatchPods(_ *nftredirv1.WatchPodsRequest, stream grpc.ServerStreamingServer[nftredirv1.WatchPodsResponse]) error {
+	if err := s.checkReady(); err != nil {
+		return err
+	}
+	// Subscribe before listing: a change racing the listing then shows up
+	// as an event after the snapshot (possibly repeating it), never lost.
+	sub := s.watch.subscribe()
+	defer s.watch.unsubscribe(sub)
+	pods, err := s.listPods()
+	if err != nil {
+		return toStatus(err)
+	}
+	for _, p := range pods {
+		if err := stream.Send(&nftredirv1.WatchPodsResponse{Event: nftredirv1.EventType_EVENT_TYPE_ADDED, Pod: p}); err != nil {
+			return err
+		}
+	}
+	if err := stream.Send(&nftredirv1.WatchPodsResponse{Event: nftredirv1.EventType_EVENT_TYPE_SNAPSHOT_DONE}); err != nil {
+		return err
+	}
+	return s.watch.stream(sub, stream)
+}
+
+// open opens a caller's or a record's namespace path through the guard,
+// marking failures as being about the path.
+func (s *Server) open(path string) (*netns.Handle, error) {
+	h, err := s.guard.Open(path)
+	if err != nil {
+		return nil, &openPathError{err: err}
+	}
+	return h, nil
+}
+
+// namespaceGone reports whether an open failure means the path no longer
+// leads to a namespace we may program.
+func namespaceGone(err error) bool {
+	return errors.Is(err, netns.ErrNotExist) || errors.Is(err, netns.ErrNotNetns) || errors.Is(err, netns.ErrHostNetns)
+}

@@ -1,0 +1,257 @@
+package server
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// Store keeps one JSON record per pod in a directory. Each record is
+// replaced atomically (temp file, fsync, rename, fsync of the directory),
+// so after a crash a record is either the old one or the new one, and a
+// record written before a reply survives power loss.
+//
+// The store holds no lock of its own: callers serialise per pod, and
+// records of different pods are different files.
+type Store struct {
+	dir string
+	log hclog.Logger
+}
+
+const (
+	recordSuffix  = ".json"
+	tempPrefix    = ".tmp-"
+	quarantineDir = "quarantine"
+)
+
+// OpenStore opens (creating if needed) the state directory and removes
+// temp files left by writes that never completed, which were never
+// acknowledged to anyone.
+func OpenStore(dir string, log hclog.Logger) (*Store, error) {
+	if !filepath.IsAbs(dir) {
+		return nil, fmt.Errorf("state dir %q must be absolute", dir)
+	}
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create state dir: %w", err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("read state dir: %w", err)
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), tempPrefix) {
+			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return nil, fmt.Errorf("remove stale temp file: %w", err)
+			}
+		}
+	}
+	return &Store{dir: dir, log: log}, nil
+}
+
+// Dir is the state directory.
+func (s *Store) Dir() string { return s.dir }
+
+// fileName derives the record's file name from the uid by hashing, so no
+// uid, however odd, can name a path outside the directory or collide with
+// the temp and quarantine names.
+func fileName(podUID string) string {
+	sum := sha256.Sum256([]byte(podUID))
+	return hex.EncodeToString(sum[:]) + recordSuffix
+}
+
+func isRecordName(name string) bool {
+	base, ok := strings.CutSuffix(name, recordSuffix)
+	if !ok || len(base) != sha256.Size*2 {
+		return false
+	}
+	_, err := hex.DecodeString(base)
+	return err == nil && strings.ToLower(base) == base
+}
+
+// Get returns the pod's record, or nil if there is none. A corrupt record
+// is quarantined and reported as absent.
+func (s *Store) Get(podUID string) (*Record, error) {
+	name := fileName(podUID)
+	r, err := s.read(name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	var ce *corruptError
+	if errors.As(err, &ce) {
+		s.quarantine(name, err)
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// List returns every readable record. Corrupt ones are quarantined and
+// skipped; an unreadable directory is an error.
+func (s *Store) List() ([]*Record, error) {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("read state dir: %w", err)
+	}
+	var out []*Record
+	for _, e := range entries {
+		if !e.Type().IsRegular() || !isRecordName(e.Name()) {
+			continue
+		}
+		r, err := s.read(e.Name())
+		var ce *corruptError
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			// Removed since ReadDir: released concurrently.
+		case errors.As(err, &ce):
+			s.quarantine(e.Name(), err)
+		case err != nil:
+			return nil, err
+		default:
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// corruptError marks a record that exists but cannot be used.
+type corruptError struct {
+	file string
+	err  error
+}
+
+func (e *corruptError) Error() string { return fmt.Sprintf("corrupt record %s: %v", e.file, e.err) }
+func (e *corruptError) Unwrap() error { return e.err }
+
+func (s *Store) read(name string) (*Record, error) {
+	path := filepath.Join(s.dir, name)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, err
+		}
+		// EIO or EACCES on one file must not stop the daemon or hide the
+		// other pods: treat it like corruption.
+		return nil, &corruptError{file: path, err: err}
+	}
+	var r Record
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, &corruptError{file: path, err: err}
+	}
+	if err := r.check(); err != nil {
+		return nil, &corruptError{file: path, err: err}
+	}
+	if fileName(r.PodUID) != name {
+		return nil, &corruptError{file: path, err: fmt.Errorf("record of pod %q is stored under the wrong name", r.PodUID)}
+	}
+	return &r, nil
+}
+
+// quarantine moves an unusable record aside so that it is reported once,
+// kept for a person to inspect, and never acted on.
+func (s *Store) quarantine(name string, cause error) {
+	qdir := filepath.Join(s.dir, quarantineDir)
+	dst := filepath.Join(qdir, fmt.Sprintf("%s.%s", name, time.Now().UTC().Format("20060102T150405.000000000Z")))
+	err := os.MkdirAll(qdir, 0o700)
+	if err == nil {
+		err = os.Rename(filepath.Join(s.dir, name), dst)
+	}
+	if err == nil {
+		err = syncDir(s.dir)
+	}
+	if errors.Is(err, fs.ErrNotExist) {
+		return // another caller moved it first
+	}
+	if err != nil {
+		s.log.Error("cannot quarantine corrupt record; ignoring it", "file", filepath.Join(s.dir, name), "cause", cause, "error", err)
+		return
+	}
+	s.log.Error("corrupt record moved to quarantine; the pod is no longer enrolled and must be added again", "file", dst, "cause", cause)
+}
+
+// Put writes the record atomically and durably.
+func (s *Store) Put(r *Record) error {
+	data, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode record of pod %s: %w", r.PodUID, err)
+	}
+	data = append(data, '\n')
+	name := fileName(r.PodUID)
+	f, err := os.CreateTemp(s.dir, tempPrefix+name+"-*")
+	if err != nil {
+		return fmt.Errorf("write record of pod %s: %w", r.PodUID, err)
+	}
+	tmp := f.Name()
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if _, err := f.Write(data); err != nil {
+		return fmt.Errorf("write record of pod %s: %w", r.PodUID, err)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("sync record of pod %s: %w", r.PodUID, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("close record of pod %s: %w", r.PodUID, err)
+	}
+	if err := os.Rename(tmp, filepath.Join(s.dir, name)); err != nil {
+		return fmt.Errorf("commit record of pod %s: %w", r.PodUID, err)
+	}
+	ok = true
+	if err := syncDir(s.dir); err != nil {
+		return fmt.Errorf("commit record of pod %s: %w", r.PodUID, err)
+	}
+	return nil
+}
+
+// Delete removes the pod's record durably; a missing record is fine.
+func (s *Store) Delete(podUID string) error {
+	err := os.Remove(filepath.Join(s.dir, fileName(podUID)))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("delete record of pod %s: %w", podUID, err)
+	}
+	if err := syncDir(s.dir); err != nil {
+		return fmt.Errorf("delete record of pod %s: %w", podUID, err)
+	}
+	return nil
+}
+
+// syncDir makes a rename or unlink in dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return nil
+}
+
+func equalJSON(a, b any) bool {
+	x, err1 := json.Marshal(a)
+	y, err2 := json.Marshal(b)
+	return err1 == nil && err2 == nil && bytes.Equal(x, y)
+}
