@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -30,25 +32,48 @@ var (
 	ErrNoAccess = errors.New("network namespace path is not accessible")
 )
 
-// ID identifies a namespace for as long as it exists: the device and inode
-// of its nsfs file. A path that later names a different namespace has a
-// different ID.
+// ID identifies a namespace: the device and inode of its nsfs file, and
+// its cookie. The kernel reuses inode numbers as soon as a namespace is
+// freed, so a path recreated after its namespace died may show the same
+// dev:ino; the cookie (SO_NETNS_COOKIE) is never reused and tells them
+// apart. A zero Cookie means unknown (kernels before 5.14, or IDs of
+// protected namespaces, which are alive and need none).
 type ID struct {
-	Dev uint64
-	Ino uint64
+	Dev    uint64
+	Ino    uint64
+	Cookie uint64
 }
 
-// String renders the ID as "dev:ino", the form stored in state records.
-func (id ID) String() string { return fmt.Sprintf("%d:%d", id.Dev, id.Ino) }
+// String renders "dev:ino:cookie", or "dev:ino" without a cookie; this is
+// the form stored in state records.
+func (id ID) String() string {
+	if id.Cookie == 0 {
+		return fmt.Sprintf("%d:%d", id.Dev, id.Ino)
+	}
+	return fmt.Sprintf("%d:%d:%d", id.Dev, id.Ino, id.Cookie)
+}
 
 // IsZero reports whether the ID is unset.
 func (id ID) IsZero() bool { return id == ID{} }
 
-// ParseID reads the "dev:ino" form produced by String.
+// SameFile reports whether both IDs name the same nsfs inode, ignoring
+// the cookie.
+func (id ID) SameFile(o ID) bool { return id.Dev == o.Dev && id.Ino == o.Ino }
+
+// ParseID reads the forms produced by String.
 func ParseID(s string) (ID, error) {
 	var id ID
-	if _, err := fmt.Sscanf(s, "%d:%d", &id.Dev, &id.Ino); err != nil {
-		return ID{}, fmt.Errorf("parse namespace id %q: %w", s, err)
+	parts := strings.Split(s, ":")
+	if len(parts) != 2 && len(parts) != 3 {
+		return ID{}, fmt.Errorf("parse namespace id %q: want dev:ino or dev:ino:cookie", s)
+	}
+	dst := []*uint64{&id.Dev, &id.Ino, &id.Cookie}
+	for i, p := range parts {
+		v, err := strconv.ParseUint(p, 10, 64)
+		if err != nil {
+			return ID{}, fmt.Errorf("parse namespace id %q: %w", s, err)
+		}
+		*dst[i] = v
 	}
 	return id, nil
 }
@@ -168,10 +193,15 @@ func (g *Guard) check(h *Handle) error {
 	}
 	h.id = ID{Dev: st.Dev, Ino: st.Ino}
 	for _, p := range g.protected {
-		if p == h.id {
+		if p.SameFile(h.id) {
 			return fmt.Errorf("%s (%s): %w", h.path, h.id, ErrHostNetns)
 		}
 	}
+	cookie, err := cookieOf(h.fd)
+	if err != nil {
+		return fmt.Errorf("read cookie of %s: %w", h.path, err)
+	}
+	h.id.Cookie = cookie
 	return nil
 }
 

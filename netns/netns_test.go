@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/nftredir/nftredir/internal/nstest"
 	"github.com/nftredir/nftredir/netns"
@@ -109,15 +111,15 @@ func TestOpenAccepts(t *testing.T) {
 			if h.Path() != path {
 				t.Errorf("Path() = %q, want %q", h.Path(), path)
 			}
-			if h.ID() != want {
-				t.Errorf("ID() = %s, want %s (the namespace's dev:ino)", h.ID(), want)
+			if !h.ID().SameFile(want) || h.ID().Cookie == 0 {
+				t.Errorf("ID() = %s, want %s (the namespace's dev:ino) and a cookie", h.ID(), want)
 			}
 			if _, err := unix.FcntlInt(uintptr(h.Fd()), unix.F_GETFD, 0); err != nil {
 				t.Errorf("Fd() %d is not open: %v", h.Fd(), err)
 			}
 			id, err := netns.ParseID(h.ID().String())
-			if err != nil || id != want {
-				t.Errorf("ParseID(%q) = %v, %v; want %v", h.ID().String(), id, err, want)
+			if err != nil || id != h.ID() {
+				t.Errorf("ParseID(%q) = %v, %v; want %v", h.ID().String(), id, err, h.ID())
 			}
 			if err := h.Close(); err != nil {
 				t.Errorf("Close: %v", err)
@@ -156,5 +158,55 @@ func mustSymlink(t *testing.T, target, link string) {
 	t.Helper()
 	if err := os.Symlink(target, link); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestIDSurvivesInodeReuse recreates a namespace at the same path after the
+// first one is gone: the kernel hands out the freed inode number again, but
+// the ID must still differ, or a record of the dead pod would claim the new
+// namespace.
+func TestIDSurvivesInodeReuse(t *testing.T) {
+	nstest.RequirePrivileged(t)
+	g, err := netns.NewGuard()
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("nftr-reuse-%d", os.Getpid())
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	seen := map[netns.ID]bool{}
+	inodes := map[uint64]bool{}
+	reused := 0
+	for i := 0; i < 8; i++ {
+		if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+			t.Fatalf("ip netns add: %v: %s", err, out)
+		}
+		h, err := g.Open("/run/netns/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := h.ID()
+		h.Close()
+		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
+			t.Fatalf("ip netns del: %v: %s", err, out)
+		}
+		if id.Cookie == 0 {
+			t.Fatalf("no namespace cookie on this kernel (%s)", id)
+		}
+		if seen[id] {
+			t.Fatalf("namespace ID %s seen for two different namespaces", id)
+		}
+		seen[id] = true
+		if inodes[id.Ino] {
+			reused++
+		}
+		inodes[id.Ino] = true
+		// Namespaces are freed asynchronously; give the kernel a moment so
+		// the next one can get the inode back, which is the case at stake.
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("inode numbers reused %d times in 8 namespaces; IDs all distinct", reused)
+	parsed, err := netns.ParseID((netns.ID{Dev: 4, Ino: 4026532177, Cookie: 99}).String())
+	if err != nil || parsed != (netns.ID{Dev: 4, Ino: 4026532177, Cookie: 99}) {
+		t.Fatalf("ParseID round trip = %v, %v", parsed, err)
 	}
 }

@@ -65,7 +65,11 @@ func (s RoutingState) Absent() bool {
 // NETLINK_ROUTE is asked for: NewHandleAt otherwise opens XFRM and
 // NETFILTER sockets too.
 func routeHandle(h *Handle) (*netlink.Handle, error) {
-	nh, err := netlink.NewHandleAt(vnetns.NsHandle(h.fd), unix.NETLINK_ROUTE)
+	var nh *netlink.Handle
+	err := onSacrificialThread(func() (err error) {
+		nh, err = netlink.NewHandleAt(vnetns.NsHandle(h.fd), unix.NETLINK_ROUTE)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("rtnetlink in %s: %w", h.path, err)
 	}
