@@ -366,6 +366,8 @@ type AddPodRequest struct {
 	// Required. The pod's Kubernetes UID (e.g.
 	// "0b5c8f3e-4c1d-4f7a-9d2e-6a1b2c3d4e5f"); the key of the record: a later
 	// AddPod, RemovePod or GetPod with the same pod_uid refers to this pod.
+	// At most 128 bytes of printable characters without spaces, slashes,
+	// quotes or backslashes (it also tags the pod's rules in nftables).
 	PodUid string `protobuf:"bytes,1,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
 	// The pod's name, for people and logs only. Optional.
 	PodName string `protobuf:"bytes,2,opt,name=pod_name,json=podName,proto3" json:"pod_name,omitempty"`
@@ -374,7 +376,7 @@ type AddPodRequest struct {
 	// Required. Absolute path to the pod's network namespace, e.g.
 	// "/var/run/netns/cni-1234" or "/proc/<pid>/ns/net" (CNI_NETNS). It must
 	// name a network namespace other than the node's own; the daemon records
-	// the namespace's identity (device and inode) and never programs a
+	// the namespace's identity (see Pod.netns_id) and never programs a
 	// different namespace later found at the same path.
 	NetnsPath string `protobuf:"bytes,4,opt,name=netns_path,json=netnsPath,proto3" json:"netns_path,omitempty"`
 	// The pod's IP addresses, IPv4 and/or IPv6, without prefix length
@@ -919,8 +921,11 @@ type Pod struct {
 	// The network namespace path, as given to AddPod.
 	NetnsPath string `protobuf:"bytes,4,opt,name=netns_path,json=netnsPath,proto3" json:"netns_path,omitempty"`
 	// The identity of the network namespace opened at enrolment, as
-	// "<device>:<inode>" in decimal (e.g. "4:4026532591"). A path that later
-	// names a namespace with another identity is treated as gone.
+	// "<device>:<inode>:<cookie>" in decimal (e.g. "4:4026532591:8193"); the
+	// cookie (SO_NETNS_COOKIE) is never reused by the kernel, unlike inode
+	// numbers; it is left out ("<device>:<inode>") only on kernels that lack
+	// it. A path that later names a namespace with another identity is
+	// treated as gone.
 	NetnsId string `protobuf:"bytes,5,opt,name=netns_id,json=netnsId,proto3" json:"netns_id,omitempty"`
 	// The pod's IP addresses, as given to AddPod (normalised).
 	PodIps []string `protobuf:"bytes,6,rep,name=pod_ips,json=podIps,proto3" json:"pod_ips,omitempty"`

@@ -1,0 +1,317 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/nftredir/nftredir/client"
+	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+)
+
+var addCmd = &command{
+	name:    "add",
+	summary: "enrol a pod: capture its traffic (or re-apply changed options)",
+	args:    "--pod-uid UID --netns PATH [flags]",
+	help: `
+Installs the capture rules in the pod's network namespace and records the pod,
+so the daemon keeps the rules in place across its own restarts. Running the
+same add again changes nothing; running it with different flags replaces the
+pod's rules. Options you leave out take the daemon's defaults; the reply shows
+the effective values.
+
+--pod-uid and --netns are required. List flags (--ip, --exclude-*) may be
+repeated or given as comma-separated lists.
+
+Examples:
+  # Enrol a pod whose namespace the CNI runtime created:
+  nftredirctl add --pod-uid 0b5c8f3e-4c1d --name web-1 --namespace default \
+      --netns /var/run/netns/cni-1234 --ip 10.244.1.7 --ip fd00:10:244:1::7
+
+  # Leave the health-check port and the metadata server alone, no DNS capture:
+  nftredirctl add --pod-uid 0b5c8f3e-4c1d --netns /proc/4242/ns/net \
+      --exclude-inbound-port 15021,8080 --exclude-outbound-cidr 169.254.169.254 \
+      --dns-capture=false
+
+  # Capture only the pod's outbound traffic:
+  nftredirctl add --pod-uid 0b5c8f3e-4c1d --netns /proc/4242/ns/net --inbound-capture=false
+`,
+	flags: func(a *app, fs *flag.FlagSet) func(context.Context, *client.Client, []string) error {
+		req := &nftredirv1.AddPodRequest{Options: &nftredirv1.RedirectOptions{}}
+		o := req.Options
+		fs.StringVar(&req.PodUid, "pod-uid", "", "the pod's Kubernetes `UID`, the key of its record (required)")
+		fs.StringVar(&req.PodName, "name", "", "the pod's `NAME`, for people and logs")
+		fs.StringVar(&req.PodNamespace, "namespace", "", "the pod's Kubernetes `NAMESPACE`, for people and logs")
+		fs.StringVar(&req.NetnsPath, "netns", "", "absolute `PATH` of the pod's network namespace, e.g. /var/run/netns/cni-1234 or /proc/PID/ns/net (required)")
+		fs.Var(listFlag{&req.PodIps}, "ip", "a pod IP `ADDRESS`, v4 or v6")
+		fs.Var(modeFlag{&o.CaptureMode}, "mode", "capture `MODE`: tproxy or redirect (default: the daemon's)")
+		fs.Var(portsFlag{&o.ExcludeInboundPorts}, "exclude-inbound-port", "an inbound `PORT` that reaches the pod directly, uncaptured")
+		fs.Var(portsFlag{&o.ExcludeOutboundPorts}, "exclude-outbound-port", "an outbound `PORT` the pod reaches directly, uncaptured")
+		fs.Var(listFlag{&o.ExcludeOutboundCidrs}, "exclude-outbound-cidr", "an outbound `CIDR` or address the pod reaches directly, uncaptured")
+		fs.Var(optBoolFlag{&o.DnsCapture}, "dns-capture", "capture DNS (port 53); =false to leave it alone (default: the daemon's)")
+		fs.Var(optBoolFlag{&o.Ipv6}, "ipv6", "capture IPv6 too; =false for IPv4 only (default: on)")
+		fs.Var(optBoolFlag{&o.InboundCapture}, "inbound-capture", "capture inbound connections; =false captures outbound only (default: on)")
+		fs.Var(optStringFlag{&req.ServiceAccount}, "service-account", "the pod's Kubernetes service account `NAME`, recorded for node proxies")
+		out := outputFlag(fs)
+		return func(ctx context.Context, c *client.Client, args []string) error {
+			if len(args) > 0 {
+				return usagef("unexpected argument %q (add takes flags only)", args[0])
+			}
+			if req.PodUid == "" || req.NetnsPath == "" {
+				return usagef("--pod-uid and --netns are required")
+			}
+			pod, err := c.AddPod(ctx, req)
+			if err != nil {
+				return err
+			}
+			if *out == "json" {
+				return printJSON(a.stdout, &nftredirv1.AddPodResponse{Pod: pod})
+			}
+			fmt.Fprintf(a.stdout, "Enrolled %s.\n\n", podName(pod))
+			t := newTable(a.stdout)
+			a.printPod(t, pod)
+			return t.Flush()
+		}
+	},
+}
+
+var removeCmd = &command{
+	name:    "remove",
+	summary: "release a pod: delete its capture rules and its record",
+	args:    "POD-UID",
+	help: `
+Deletes the pod's capture rules from its network namespace and forgets the
+pod. Removing a pod that is not enrolled, or whose namespace is already gone,
+succeeds: the output says whether there was anything to remove.
+
+Examples:
+  nftredirctl remove 0b5c8f3e-4c1d
+  nftredirctl remove --pod-uid 0b5c8f3e-4c1d
+`,
+	flags: func(a *app, fs *flag.FlagSet) func(context.Context, *client.Client, []string) error {
+		uid := fs.String("pod-uid", "", "the pod's `UID` (or give it as the argument)")
+		return func(ctx context.Context, c *client.Client, args []string) error {
+			u, err := podUID(*uid, args)
+			if err != nil {
+				return err
+			}
+			existed, err := c.RemovePod(ctx, u)
+			if err != nil {
+				return err
+			}
+			if existed {
+				fmt.Fprintf(a.stdout, "Removed pod %s.\n", u)
+			} else {
+				fmt.Fprintf(a.stdout, "Pod %s was not enrolled; nothing to remove.\n", u)
+			}
+			return nil
+		}
+	},
+}
+
+var getCmd = &command{
+	name:    "get",
+	summary: "show one pod: its record, whether its rules are intact, and the live ruleset",
+	args:    "POD-UID",
+	help: `
+Shows the daemon's record of the pod, then checks the pod's namespace: "in
+sync" means the live rules are exactly what the record asks for; "drifted" or
+"absent" mean someone changed or deleted them (the daemon repairs that at its
+next reconcile, or run add again); "netns gone" means the pod's namespace no
+longer exists. Last comes the daemon's nftables table as the kernel has it.
+
+Examples:
+  nftredirctl get 0b5c8f3e-4c1d
+  nftredirctl get 0b5c8f3e-4c1d -o json | jq -r .liveRuleset
+`,
+	flags: func(a *app, fs *flag.FlagSet) func(context.Context, *client.Client, []string) error {
+		uid := fs.String("pod-uid", "", "the pod's `UID` (or give it as the argument)")
+		out := outputFlag(fs)
+		return func(ctx context.Context, c *client.Client, args []string) error {
+			u, err := podUID(*uid, args)
+			if err != nil {
+				return err
+			}
+			resp, err := c.GetPod(ctx, u)
+			if err != nil {
+				return err
+			}
+			if *out == "json" {
+				return printJSON(a.stdout, resp)
+			}
+			t := newTable(a.stdout)
+			a.printPod(t, resp.GetPod())
+			fmt.Fprintf(t, "Sync status:\t%s\n", syncName(resp.GetSyncStatus()))
+			if resp.GetDetail() != "" {
+				fmt.Fprintf(t, "Detail:\t%s\n", resp.GetDetail())
+			}
+			if err := t.Flush(); err != nil {
+				return err
+			}
+			if rs := strings.TrimRight(resp.GetLiveRuleset(), "\n"); rs != "" {
+				fmt.Fprintf(a.stdout, "Live ruleset:\n  %s\n", strings.ReplaceAll(rs, "\n", "\n  "))
+			} else {
+				fmt.Fprintln(a.stdout, "Live ruleset: (none)")
+			}
+			return nil
+		}
+	},
+}
+
+var listCmd = &command{
+	name:    "list",
+	summary: "list enrolled pods",
+	help: `
+Lists every pod the daemon has enrolled, from its records (it does not check
+the namespaces; use get for that). -o json prints the API's
+ListPodsResponse, as grpcurl would.
+
+Examples:
+  nftredirctl list
+  nftredirctl list -o json | jq -r '.pods[].podUid'
+`,
+	flags: func(a *app, fs *flag.FlagSet) func(context.Context, *client.Client, []string) error {
+		out := outputFlag(fs)
+		return func(ctx context.Context, c *client.Client, args []string) error {
+			if len(args) > 0 {
+				return usagef("unexpected argument %q (list takes no arguments)", args[0])
+			}
+			pods, err := c.ListPods(ctx)
+			if err != nil {
+				return err
+			}
+			if *out == "json" {
+				return printJSON(a.stdout, &nftredirv1.ListPodsResponse{Pods: pods})
+			}
+			if len(pods) == 0 {
+				fmt.Fprintln(a.stdout, "No pods enrolled.")
+				return nil
+			}
+			return a.printTable(a.stdout, pods)
+		}
+	},
+}
+
+var watchCmd = &command{
+	name:    "watch",
+	summary: "print pods as they are enrolled and released, until interrupted",
+	help: `
+Prints every enrolled pod (ADDED), a SNAPSHOT_DONE line when that initial set
+is complete, then every change as it happens: ADDED for an enrolment or a
+re-apply with new options, REMOVED for a release. Stop it with Ctrl-C.
+--timeout applies only to opening the watch. -o json prints one
+WatchPodsResponse per line.
+
+Examples:
+  nftredirctl watch
+  nftredirctl watch -o json | jq -c 'select(.event == "EVENT_TYPE_REMOVED")'
+`,
+	flags: func(a *app, fs *flag.FlagSet) func(context.Context, *client.Client, []string) error {
+		out := outputFlag(fs)
+		return func(ctx context.Context, c *client.Client, args []string) error {
+			if len(args) > 0 {
+				return usagef("unexpected argument %q (watch takes no arguments)", args[0])
+			}
+			w, err := c.WatchPods(ctx)
+			if err != nil {
+				return err
+			}
+			defer w.Close()
+			for {
+				ev, err := w.Recv()
+				switch {
+				case errors.Is(err, io.EOF):
+					return nil
+				case err != nil && ctx.Err() != nil:
+					// Interrupted by the operator: the normal way to stop.
+					return nil
+				case err != nil:
+					return err
+				}
+				if *out == "json" {
+					b, err := protojson.Marshal(ev)
+					if err != nil {
+						return fmt.Errorf("encode event: %w", err)
+					}
+					fmt.Fprintf(a.stdout, "%s\n", b)
+					continue
+				}
+				a.printEvent(a.stdout, ev)
+			}
+		}
+	},
+}
+
+var healthCmd = &command{
+	name:    "health",
+	summary: "check that the daemon is up and serving",
+	help: `
+Asks the daemon's gRPC health service about the server and the
+RedirectService. The daemon reports NOT_SERVING while it reconciles its pods
+at startup and while it stops. Exits 0 only when both are SERVING, so it
+works as a readiness probe:
+
+Examples:
+  nftredirctl health
+  nftredirctl --timeout 2s health   # in an exec readiness probe
+`,
+	flags: func(a *app, fs *flag.FlagSet) func(context.Context, *client.Client, []string) error {
+		return func(ctx context.Context, c *client.Client, args []string) error {
+			if len(args) > 0 {
+				return usagef("unexpected argument %q (health takes no arguments)", args[0])
+			}
+			h, err := c.Health(ctx)
+			if err != nil {
+				return err
+			}
+			w := newTable(a.stdout)
+			fmt.Fprintf(w, "server:\t%s\n", h.Server)
+			fmt.Fprintf(w, "%s:\t%s\n", client.ServiceName, h.Service)
+			if err := w.Flush(); err != nil {
+				return err
+			}
+			if !h.Serving() {
+				return errors.New("the daemon answers but is not serving: it is starting up (reconciling pods) or stopping")
+			}
+			return nil
+		}
+	},
+}
+
+// podUID takes the pod UID from --pod-uid or the one argument.
+func podUID(flagValue string, args []string) (string, error) {
+	switch {
+	case len(args) > 1:
+		return "", usagef("too many arguments: want one POD-UID")
+	case len(args) == 1 && flagValue != "" && args[0] != flagValue:
+		return "", usagef("two different pod UIDs given: %q and --pod-uid %q", args[0], flagValue)
+	case len(args) == 1:
+		return args[0], nil
+	case flagValue != "":
+		return flagValue, nil
+	}
+	return "", usagef("a POD-UID is required")
+}
+
+// outputFlag registers -o / --output.
+func outputFlag(fs *flag.FlagSet) *string {
+	v := "text"
+	fs.Var(choiceFlag{&v, []string{"text", "json"}}, "o", "output `FORMAT`: text or json")
+	fs.Var(choiceFlag{&v, []string{"text", "json"}}, "output", "same as -o")
+	return &v
+}
+
+func printJSON(w io.Writer, m proto.Message) error {
+	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  ", EmitUnpopulated: true}.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("encode reply: %w", err)
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
+}
