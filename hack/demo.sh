@@ -52,11 +52,13 @@ echo "pod    $POD    10.77.0.2  fd00:77::2"
 echo "client $CLIENT 10.77.0.1  fd00:77::1"
 
 step "2. In the pod: an app on :8080 and a stand-in node proxy on :15001 :15006 :15008"
-in_pod "$BIN/standin" app -port 8080 -name "the app" >/dev/null &
+# Started with ip netns exec directly (not through a shell function) so
+# that $! is the process itself and cleanup can stop it.
+ip netns exec "$POD" "$BIN/standin" app -port 8080 -name "the app" >/dev/null &
 PIDS+=($!)
-in_pod "$BIN/standin" proxy >"$WORK/proxy.log" &
+ip netns exec "$POD" "$BIN/standin" proxy >"$WORK/proxy.log" &
 PIDS+=($!)
-in_client "$BIN/standin" app -port 9090 -name "a server outside the pod" >/dev/null &
+ip netns exec "$CLIENT" "$BIN/standin" app -port 9090 -name "a server outside the pod" >/dev/null &
 PIDS+=($!)
 sleep 0.3
 
@@ -89,7 +91,7 @@ show ctl get demo-0001
 
 step "9. Remove the pod"
 show ctl remove demo-0001
-echo "nftables in the pod now:"
+echo "nftables in the pod now (empty):"
 show in_pod nft list ruleset
 
 step "10. Traffic is direct again"
