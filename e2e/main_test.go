@@ -1,0 +1,84 @@
+package e2e
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+)
+
+// grpcurlTranscript, when set, makes TestDaemonGrpcurl write its session as
+// Markdown there (docs/grpcurl.md is made this way).
+var grpcurlTranscript = flag.String("grpcurl-transcript", "", "write the grpcurl session of TestDaemonGrpcurl as Markdown to this file")
+
+// binDir holds the binaries built for this run. It is made in TestMain so
+// that it is removed after every test, but filled only when a test asks
+// (binaries), so data-path tests that run no binary pay no build.
+var binDir string
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	dir, err := os.MkdirTemp("", "nftredir-e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		os.Exit(1)
+	}
+	// Traversable by everyone: TestDaemonAllowlist runs nftredirctl as
+	// unprivileged uids.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// Binaries are the product's executables, built once per test run from the
+// working tree.
+type Binaries struct {
+	Daemon, Ctl string
+	// Grpcurl is the pinned grpcurl that hack/deps.sh installs.
+	Grpcurl string
+	Repo    string
+}
+
+var (
+	buildOnce sync.Once
+	buildErr  error
+)
+
+// binaries builds nftredird and nftredirctl on first use and returns their
+// paths.
+func binaries(t testing.TB) Binaries {
+	t.Helper()
+	repo, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	buildOnce.Do(func() {
+		goBin, err := exec.LookPath("go")
+		if err != nil {
+			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		}
+		cmd := exec.Command(goBin, "build", "-o", binDir+"/", "./cmd/nftredird", "./cmd/nftredirctl")
+		cmd.Dir = repo
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/nftredird ./cmd/nftredirctl: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return Binaries{
+		Daemon:  filepath.Join(binDir, "nftredird"),
+		Ctl:     filepath.Join(binDir, "nftredirctl"),
+		Grpcurl: filepath.Join(repo, "bin", "grpcurl"),
+		Repo:    repo,
+	}
+}
