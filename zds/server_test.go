@@ -1,0 +1,495 @@
+package zds_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+
+	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/netns"
+	"github.com/nftredir/nftredir/zds"
+)
+
+// source is the enrolled set as the daemon would keep it.
+type source struct {
+	mu   sync.Mutex
+	pods map[string]zds.Pod
+	err  error
+}
+
+func (s *source) Pods() ([]zds.Pod, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return nil, s.err
+	}
+	var out []zds.Pod
+	for _, p := range s.pods {
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+func (s *source) fail(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.err = err
+}
+
+func (s *source) put(p zds.Pod) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pods[p.UID] = p
+}
+
+func (s *source) del(uid string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.pods, uid)
+}
+
+type fixture struct {
+	t    *testing.T
+	srv  *zds.Server
+	src  *source
+	path string
+}
+
+// newFixture starts a server on a socket in a fresh directory, with short
+// timings so failures show quickly.
+func newFixture(t *testing.T, mut func(*zds.Config)) *fixture {
+	t.Helper()
+	nstest.RequirePrivileged(t)
+	guard, err := netns.NewGuard()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{t: t, src: &source{pods: map[string]zds.Pod{}}}
+	cfg := zds.Config{
+		Pods:              f.src,
+		Opener:            guard,
+		Logger:            hclog.New(&hclog.LoggerOptions{Name: "zds", Level: hclog.Debug, Output: t.Output()}),
+		AckTimeout:        3 * time.Second,
+		KeepaliveInterval: time.Second,
+		RetryBackoff:      20 * time.Millisecond,
+		MaxRetryBackoff:   100 * time.Millisecond,
+		AcceptInterval:    time.Millisecond,
+	}
+	if mut != nil {
+		mut(&cfg)
+	}
+	f.srv, err = zds.NewServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.path = filepath.Join(t.TempDir(), "ztunnel", "ztunnel.sock")
+	if err := f.srv.Listen(f.path); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- f.srv.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-served:
+			if err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("Serve did not return after cancel")
+		}
+	})
+	return f
+}
+
+// newPod makes a namespace for a pod and enrols it in the source.
+func (f *fixture) newPod(uid string) zds.Pod {
+	f.t.Helper()
+	ns := nstest.NewNetns(f.t)
+	p := zds.Pod{
+		UID: uid, Name: "app-" + uid, Namespace: "shop", ServiceAccount: "sa-" + uid,
+		NetnsPath: ns.Path, NetnsID: netnsID(f.t, ns.Path),
+	}
+	f.src.put(p)
+	return p
+}
+
+// waitFor polls cond until it holds; the server settles state after the
+// peer's ack arrives, which the test cannot otherwise observe.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (f *fixture) waitState(uid, want string) {
+	f.t.Helper()
+	waitFor(f.t, fmt.Sprintf("pod %s state %q (now %q)", uid, want, f.srv.State(uid)), func() bool {
+		return strings.HasPrefix(f.srv.State(uid), want)
+	})
+}
+
+func (f *fixture) waitConnected(n int) {
+	f.t.Helper()
+	waitFor(f.t, fmt.Sprintf("%d connected proxies", n), func() bool { return f.srv.Stats().Connected == n })
+}
+
+// netnsID is the identity the daemon records at enrolment.
+func netnsID(t *testing.T, path string) netns.ID {
+	t.Helper()
+	g, err := netns.NewGuard()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := g.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	return h.ID()
+}
+
+func checkAdd(t *testing.T, r request, p zds.Pod) {
+	t.Helper()
+	if got := fdNetnsID(t, r.fds[0]); !got.SameFile(p.NetnsID) {
+		t.Errorf("add %s carries namespace %s, want the pod's %s", p.UID, got, p.NetnsID)
+	}
+	if r.name != p.Name || r.namespace != p.Namespace || r.svcAccount != p.ServiceAccount {
+		t.Errorf("add %s: workload info %q/%q/%q, want %q/%q/%q", p.UID, r.namespace, r.name, r.svcAccount, p.Namespace, p.Name, p.ServiceAccount)
+	}
+}
+
+// netnsFds counts this process's fds open on the namespace id.
+func netnsFds(t *testing.T, id netns.ID) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		var st unix.Stat_t
+		if unix.Stat(filepath.Join("/proc/self/fd", e.Name()), &st) == nil && st.Dev == id.Dev && st.Ino == id.Ino {
+			n++
+		}
+	}
+	return n
+}
+
+func TestSnapshotThenAddAndDel(t *testing.T) {
+	f := newFixture(t, nil)
+	a, b := f.newPod("pod-a"), f.newPod("pod-b")
+	gone := zds.Pod{UID: "pod-c", NetnsPath: "/run/netns/nftr-never-existed"}
+	f.src.put(gone)
+
+	if got := f.srv.State(a.UID); got != "no proxy connected" {
+		t.Errorf("State before any proxy = %q", got)
+	}
+	p := dialPeer(t, f.path)
+	p.hello()
+	// The snapshot goes out in uid order, one ack each.
+	checkAdd(t, p.expect("add", a.UID), a)
+	p.ack("")
+	checkAdd(t, p.expect("add", b.UID), b)
+	p.ack("")
+	// A namespace that cannot be opened is kept, not dropped.
+	p.expect("keep", gone.UID)
+	p.ack("")
+	p.expect("snapshot_sent", "")
+	p.ack("")
+	f.waitState(a.UID, "acked")
+	f.waitState(b.UID, "acked")
+	f.waitState(gone.UID, "netns unavailable")
+
+	d := f.newPod("pod-d")
+	f.srv.PodAdded(d)
+	checkAdd(t, p.expect("add", d.UID), d)
+	p.ack("")
+	f.waitState(d.UID, "acked")
+
+	f.src.del(a.UID)
+	f.srv.PodRemoved(a.UID)
+	p.expect("del", a.UID)
+	p.ack("")
+	waitFor(t, "the del ack", func() bool { return f.srv.Stats().Acks == 6 })
+
+	// The server kept no namespace open: only the peer holds copies, and
+	// the cleanup of p.expect closes them at the end.
+	for _, pod := range []zds.Pod{a, b, d} {
+		if n := netnsFds(t, pod.NetnsID); n != 1 {
+			t.Errorf("%d fds open on %s's namespace, want 1 (the peer's)", n, pod.UID)
+		}
+	}
+}
+
+func TestNackIsRetried(t *testing.T) {
+	f := newFixture(t, nil)
+	p := dialPeer(t, f.path)
+	if snap := p.handshake(); len(snap) != 0 {
+		t.Fatalf("snapshot %v, want empty", snap)
+	}
+	a := f.newPod("pod-a")
+	f.srv.PodAdded(a)
+	p.expect("add", a.UID)
+	p.ack("failure to start proxy")
+	f.waitState(a.UID, "nacked: failure to start proxy")
+	// The retry carries the namespace again.
+	checkAdd(t, p.expect("add", a.UID), a)
+	p.ack("")
+	f.waitState(a.UID, "acked")
+
+	// PodAddedWait reports the NACK, and the retry still happens.
+	b := f.newPod("pod-b")
+	res := make(chan error, 1)
+	go func() { res <- f.srv.PodAddedWait(context.Background(), b) }()
+	p.expect("add", b.UID)
+	p.ack("no space left")
+	var nack *zds.NackError
+	if err := <-res; !errors.As(err, &nack) || nack.Message != "no space left" {
+		t.Errorf("PodAddedWait = %v, want the NACK", err)
+	}
+	p.expect("add", b.UID)
+	p.ack("")
+	f.waitState(b.UID, "acked")
+	// And once acked, PodAddedWait says so.
+	go func() { res <- f.srv.PodAddedWait(context.Background(), b) }()
+	p.expect("add", b.UID)
+	p.ack("")
+	if err := <-res; err != nil {
+		t.Errorf("PodAddedWait after an ack = %v", err)
+	}
+	if st := f.srv.Stats(); st.Nacks != 2 || st.Retries != 2 {
+		t.Errorf("stats %+v, want 2 nacks and 2 retries", st)
+	}
+}
+
+func TestStuckPeerDoesNotBlockOthers(t *testing.T) {
+	f := newFixture(t, func(c *zds.Config) { c.AckTimeout = 2 * time.Second })
+	old := dialPeer(t, f.path)
+	old.handshake()
+	stuck := dialPeer(t, f.path)
+	stuck.handshake()
+	f.waitConnected(2)
+
+	a := f.newPod("pod-a")
+	f.srv.PodAdded(a)
+	stuck.expect("add", a.UID) // and never acked
+
+	// Neither PodAdded nor PodRemoved waits for the stuck proxy.
+	b := f.newPod("pod-b")
+	returned := make(chan struct{})
+	go func() {
+		f.srv.PodAdded(b)
+		f.srv.PodRemoved("pod-x")
+		close(returned)
+	}()
+	select {
+	case <-returned:
+	case <-time.After(time.Second):
+		t.Fatal("PodAdded/PodRemoved blocked on a proxy that does not ack")
+	}
+	// The other connection is served meanwhile.
+	old.expect("del", "pod-x")
+	old.ack("")
+	// A caller asking for the ack gets its own deadline, not a hang.
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := f.srv.PodAddedWait(ctx, b); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("PodAddedWait on the stuck proxy = %v, want the caller's deadline", err)
+	}
+	if st := f.srv.State(a.UID); st != "pending" {
+		t.Errorf("State while unacked = %q, want pending", st)
+	}
+	// A missed ack costs the connection (later acks could not be matched).
+	stuck.expectClosed(5 * time.Second)
+	f.waitConnected(1)
+	if st := f.srv.Stats(); st.AckTimeouts != 1 {
+		t.Errorf("stats %+v, want one ack timeout", st)
+	}
+	// The remaining proxy is the newest now and takes adds.
+	f.srv.PodAdded(b)
+	old.expect("add", b.UID)
+	old.ack("")
+	f.waitState(b.UID, "acked")
+}
+
+func TestReconnectGetsFreshSnapshot(t *testing.T) {
+	f := newFixture(t, func(c *zds.Config) { c.KeepaliveInterval = 50 * time.Millisecond })
+	a := f.newPod("pod-a")
+	p := dialPeer(t, f.path)
+	if snap := p.handshake(); len(snap) != 1 || snap[0].uid != a.UID {
+		t.Fatalf("first snapshot %v, want pod-a", snap)
+	}
+	b := f.newPod("pod-b")
+	f.srv.PodAdded(b)
+	p.expect("add", b.UID)
+	p.ack("")
+	f.src.del(a.UID)
+	f.srv.PodRemoved(a.UID)
+	p.expect("del", a.UID)
+	p.ack("")
+	p.c.Close()
+	f.waitConnected(0) // keepalive notices
+
+	c := f.newPod("pod-c")
+	p2 := dialPeer(t, f.path)
+	snap := p2.handshake()
+	var uids []string
+	for _, r := range snap {
+		if r.kind != "add" {
+			t.Errorf("snapshot has %v, want only adds", r)
+		}
+		uids = append(uids, r.uid)
+	}
+	if !slices.Equal(uids, []string{b.UID, c.UID}) {
+		t.Errorf("second snapshot %v, want [pod-b pod-c]", uids)
+	}
+}
+
+func TestTwoProxiesAddToNewestDelToAll(t *testing.T) {
+	f := newFixture(t, nil)
+	old := dialPeer(t, f.path)
+	old.handshake()
+	f.waitConnected(1)
+	newer := dialPeer(t, f.path)
+	newer.handshake()
+	f.waitConnected(2)
+
+	a := f.newPod("pod-a")
+	f.srv.PodAdded(a)
+	checkAdd(t, newer.expect("add", a.UID), a)
+	newer.ack("")
+	f.waitState(a.UID, "acked")
+
+	f.src.del(a.UID)
+	f.srv.PodRemoved(a.UID)
+	// Messages arrive in order, so the old proxy's first message being
+	// the del proves it was never sent the add.
+	old.expect("del", a.UID)
+	old.ack("")
+	newer.expect("del", a.UID)
+	newer.ack("")
+}
+
+func TestKeepaliveAndProtocolErrors(t *testing.T) {
+	f := newFixture(t, func(c *zds.Config) {
+		c.KeepaliveInterval = 50 * time.Millisecond
+		c.HelloTimeout = 200 * time.Millisecond
+	})
+	// A proxy that goes away while idle is noticed.
+	p := dialPeer(t, f.path)
+	p.handshake()
+	f.waitConnected(1)
+	p.c.Close()
+	f.waitConnected(0)
+
+	// A proxy that speaks unasked is dropped.
+	p = dialPeer(t, f.path)
+	p.handshake()
+	p.ack("")
+	p.expectClosed(2 * time.Second)
+
+	// No hello, a hello of another version, and garbage are all refused.
+	silent := dialPeer(t, f.path)
+	silent.expectClosed(2 * time.Second)
+	v0 := dialPeer(t, f.path)
+	v0.send(helloMsg(0))
+	v0.expectClosed(2 * time.Second)
+	junk := dialPeer(t, f.path)
+	junk.send([]byte{0xff, 0xff, 0xff})
+	junk.expectClosed(2 * time.Second)
+	waitFor(t, "protocol errors counted", func() bool { return f.srv.Stats().ProtocolErrors == 3 })
+	if st := f.srv.Stats(); st.Connected != 0 {
+		t.Errorf("stats %+v, want nobody connected", st)
+	}
+}
+
+func TestMovedNamespaceIsNeverSent(t *testing.T) {
+	f := newFixture(t, nil)
+	a := f.newPod("pod-a")
+	other := f.newPod("pod-other")
+	moved := a
+	moved.NetnsPath = other.NetnsPath // the path now leads elsewhere
+	f.src.put(moved)
+
+	p := dialPeer(t, f.path)
+	p.hello()
+	p.expect("keep", a.UID)
+	p.ack("")
+	checkAdd(t, p.expect("add", other.UID), other)
+	p.ack("")
+	p.expect("snapshot_sent", "")
+	p.ack("")
+	f.waitState(a.UID, "netns unavailable")
+
+	f.srv.PodAdded(moved)
+	f.waitState(a.UID, "netns unavailable")
+	// Nothing was sent for it: the next message is the del.
+	f.srv.PodRemoved(a.UID)
+	p.expect("del", a.UID)
+	p.ack("")
+	if st := f.srv.Stats(); st.OpenFailures != 2 || st.Retries != 0 {
+		t.Errorf("stats %+v, want 2 open failures and no retries", st)
+	}
+}
+
+// A source that cannot be read must not turn into an empty snapshot,
+// which would make the proxy drop every pod.
+func TestUnreadableSourceSendsNoSnapshot(t *testing.T) {
+	f := newFixture(t, nil)
+	f.newPod("pod-a")
+	f.src.fail(errors.New("state directory unreadable"))
+	p := dialPeer(t, f.path)
+	p.hello()
+	p.expectClosed(2 * time.Second)
+
+	f.src.fail(nil)
+	p = dialPeer(t, f.path)
+	if snap := p.handshake(); len(snap) != 1 {
+		t.Errorf("snapshot after recovery %v, want pod-a", snap)
+	}
+}
+
+func TestNoProxy(t *testing.T) {
+	f := newFixture(t, nil)
+	a := f.newPod("pod-a")
+	f.srv.PodAdded(a) // a no-op, not an error
+	f.srv.PodRemoved(a.UID)
+	if err := f.srv.PodAddedWait(context.Background(), a); !errors.Is(err, zds.ErrNoProxy) {
+		t.Errorf("PodAddedWait with no proxy = %v, want ErrNoProxy", err)
+	}
+}
+
+func TestCloseFailsWaiters(t *testing.T) {
+	f := newFixture(t, nil)
+	p := dialPeer(t, f.path)
+	p.handshake()
+	a := f.newPod("pod-a")
+	res := make(chan error, 1)
+	go func() { res <- f.srv.PodAddedWait(context.Background(), a) }()
+	p.expect("add", a.UID)
+	f.srv.Close()
+	if err := <-res; !errors.Is(err, zds.ErrClosed) {
+		t.Errorf("PodAddedWait across Close = %v, want ErrClosed", err)
+	}
+	p.expectClosed(2 * time.Second)
+	if _, err := os.Stat(f.path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("socket still there after Close: %v", err)
+	}
+}
