@@ -111,6 +111,14 @@ type pod struct {
 
 func newPod(t *testing.T, v variant) *pod {
 	t.Helper()
+	p := newPodWithoutProxy(t, v)
+	nstest.StartProxy(t, p.Pod, p.rec, nstest.DefaultProxyPorts)
+	return p
+}
+
+// newPodWithoutProxy is a pod whose node proxy is not (yet) listening.
+func newPodWithoutProxy(t *testing.T, v variant) *pod {
+	t.Helper()
 	p := &pod{
 		Pair: nstest.NewPair(t),
 		v:    v,
@@ -119,7 +127,6 @@ func newPod(t *testing.T, v variant) *pod {
 		nl:   nft.NewNetlink(),
 		id:   "pod-" + strings.NewReplacer("/", "-").Replace(t.Name()),
 	}
-	nstest.StartProxy(t, p.Pod, p.rec, nstest.DefaultProxyPorts)
 	nstest.StartTCP(t, p.Pod, p.rec, app, appPort, appExcludedPort)
 	nstest.StartTCP(t, p.Peer, p.rec, server, serverPort, serverExcluded)
 	nstest.StartTCP(t, p.Peer, p.rec, resolver, dnsPort)
@@ -665,6 +672,11 @@ func TestTamperRestored(t *testing.T) {
 		{"policy changed", func(t *testing.T, p *pod) {
 			p.Pod.Nft(t, "add", "chain", "inet", nftTable, "mangle-output", "{ type route hook output priority mangle; policy drop; }")
 		}, nft.StatusDrifted},
+		{"table made dormant", func(t *testing.T, p *pod) {
+			// Every chain and rule stays in place, but none of them runs.
+			p.Pod.Nft(t, "add", "table", "inet", nftTable, "{ flags dormant; }")
+			p.expect(t, p.Peer, p.to(p.a.Pod, appPort), app)
+		}, nft.StatusDrifted},
 		{"table deleted", func(t *testing.T, p *pod) {
 			p.Pod.Nft(t, "delete", "table", "inet", nftTable)
 		}, nft.StatusAbsent},
@@ -759,4 +771,25 @@ func TestReapplyChangedSpec(t *testing.T) {
 		wantInbound(t, s.Mode, r, netip.AddrPortFrom(p.a.Pod, appPort))
 		p.expect(t, p.Pod, nstest.Dial{Network: p.v.udp(), To: netip.AddrPortFrom(p.a.Peer, dnsPort)}, nstest.ProxyDNS)
 	})
+}
+
+// TestFailsClosedWithoutProxy: with capture in place but no proxy
+// listening (it crashed, or is restarting), new inbound connections must
+// not reach the application uncaptured; they succeed through the proxy as
+// soon as it listens again.
+func TestFailsClosedWithoutProxy(t *testing.T) {
+	nstest.RequirePrivileged(t)
+	for _, v := range variants {
+		t.Run(v.String(), func(t *testing.T) {
+			if v.v6 && !nstest.HaveIPv6() {
+				t.Skip("kernel without IPv6")
+			}
+			t.Parallel()
+			p := newPodWithoutProxy(t, v)
+			p.enrol(t, p.spec())
+			p.expectFail(t, p.Peer, p.to(p.a.Pod, appPort))
+			nstest.StartProxy(t, p.Pod, p.rec, nstest.DefaultProxyPorts)
+			p.expect(t, p.Peer, p.to(p.a.Pod, appPort), nstest.ProxyInbound)
+		})
+	}
 }

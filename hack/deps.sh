@@ -14,6 +14,7 @@ need_pkgs=()
 command -v nft >/dev/null || need_pkgs+=(nftables)
 command -v ip >/dev/null || need_pkgs+=(iproute2)
 command -v iptables-restore >/dev/null || need_pkgs+=(iptables)
+command -v jq >/dev/null || need_pkgs+=(jq)
 if ((${#need_pkgs[@]})); then
 	if [[ $(id -u) -ne 0 ]]; then
 		echo "deps: need ${need_pkgs[*]}; run as root or install them" >&2

@@ -206,6 +206,14 @@ func (b *builder) manglePrerouting() {
 			// nft: meta l4proto tcp meta mark & 0x00000fff != 0x00000539 tproxy to :15006 meta mark set ... accept
 			rule(l4proto(unix.IPPROTO_TCP, "tcp"), markIs(s.ProxyMark, false),
 				tproxyTo(s.InboundPort), setMark(s.TProxyMark), accept()),
+			// tproxy only matches when a transparent listener exists; with
+			// the proxy down or restarting, new connections would otherwise
+			// reach the app uncaptured. Dropping them fails closed: the
+			// client retries, and gets the proxy once it listens again.
+			// (REDIRECT mode fails closed by itself: the NATed SYN is
+			// refused.)
+			// nft: meta l4proto tcp drop
+			rule(l4proto(unix.IPPROTO_TCP, "tcp"), drop()),
 		)
 	}
 	b.chain(manglePrerouting, rules...)

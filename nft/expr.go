@@ -279,3 +279,8 @@ func setCtZone(zone uint16) part {
 func accept() part {
 	return part{exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}, text: "accept"}
 }
+
+// nft: drop
+func drop() part {
+	return part{exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}, text: "drop"}
+}

@@ -73,7 +73,7 @@ func (n *Netlink) Apply(ctx context.Context, ns *netns.Handle, rs *Ruleset) erro
 		mode = createFresh
 	case len(live.compare(rs)) == 0:
 		return nil
-	case live.sameChains(rs):
+	case live.flags == 0 && live.sameChains(rs):
 		mode = flushRules
 	}
 	err = flush(c, rs, mode)
@@ -127,19 +127,26 @@ func flush(c *nftables.Conn, rs *Ruleset, mode applyMode) error {
 // liveTable is what the kernel holds of our table.
 type liveTable struct {
 	exists bool
+	flags  uint32
 	chains []*nftables.Chain
 	rules  map[string][]*nftables.Rule
 }
 
 func snapshot(c *nftables.Conn) (*liveTable, error) {
 	lt := &liveTable{rules: map[string][]*nftables.Rule{}}
-	if _, err := c.ListTableOfFamily(TableName, nftables.TableFamilyINet); err != nil {
+	t, err := c.ListTableOfFamily(TableName, nftables.TableFamilyINet)
+	if err != nil {
 		if errors.Is(err, unix.ENOENT) {
 			return lt, nil
 		}
 		return nil, fmt.Errorf("list table: %w", err)
 	}
 	lt.exists = true
+	// We create the table without flags. Any flag set since is someone
+	// else's doing; dormant in particular switches capture off while
+	// every chain and rule still looks right. (v0.3.0 decodes the flags
+	// in host byte order, so only zero versus non-zero is meaningful.)
+	lt.flags = t.Flags
 	all, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
 	if err != nil {
 		return nil, fmt.Errorf("list chains: %w", err)
@@ -186,6 +193,9 @@ func (lt *liveTable) compare(rs *Ruleset) []string {
 	}
 	comment := rs.Comment()
 	var problems []string
+	if lt.flags != 0 {
+		problems = append(problems, "table has flags set (dormant?)")
+	}
 	seen := map[string]bool{}
 	for _, lc := range lt.chains {
 		seen[lc.Name] = true
