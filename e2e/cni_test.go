@@ -253,6 +253,9 @@ func (w *cniWorld) startDaemon(t *testing.T) {
 		"--log-format", "text",
 		"--log-level", "debug",
 		"--protect-netns", w.node.Path,
+		// Never the machine's own ruleset, nor /var/run/ztunnel.
+		"--probe-snat=false",
+		"--zds-socket=",
 	)
 	// The daemon reads NFTREDIR_* variables as flags; the test's own
 	// (NFTREDIR_SKIP_PRIVILEGED) must not reach it.

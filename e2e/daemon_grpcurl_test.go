@@ -129,7 +129,7 @@ func TestDaemonGrpcurl(t *testing.T) {
 	target := "unix://" + shownSocket
 	const uid = "0b5c8f3e-4c1d-4d6e-9a53-7f2e0c1d2b3a"
 
-	// The form the proto's comments (and most grpcurl docs) show.
+	// The form most grpcurl docs show.
 	if st := s.run("The -unix flag (broken in v1.9.3)", "The usual `-unix PATH` form fails with this grpcurl release:",
 		"-plaintext", "-unix", shownSocket, "list"); st.code == 0 {
 		t.Logf("grpcurl -unix works again with this grpcurl; the note about it in the transcript is stale")

@@ -93,11 +93,17 @@ func (d *nftredird) start(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer logf.Close()
+	// Off by default here: with the daemon's defaults it would create its
+	// node table in the machine's own namespace and serve ZDS under
+	// /var/run/ztunnel. A test that wants them passes --node-netns and
+	// --zds-socket of its own making, which win as later flags.
 	args := append([]string{
 		"--socket", d.socket,
 		"--state-dir", d.stateDir,
 		"--log-format", "json",
 		"--log-level", "debug",
+		"--probe-snat=false",
+		"--zds-socket=",
 	}, d.args...)
 	cmd := exec.Command(d.bin.Daemon, args...)
 	cmd.Env = cleanEnv()

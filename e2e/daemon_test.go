@@ -132,12 +132,15 @@ var tamperCases = []tamperCase{
 		repaired: nstest.ProxyInbound,
 	},
 	{
-		// The last rule of mangle-prerouting is the catch-all tproxy to
-		// the inbound port.
-		name: "rule deleted",
+		// The last two rules of mangle-prerouting are the catch-all tproxy
+		// to the inbound port and the fail-closed drop behind it; without
+		// them inbound reaches the app directly.
+		name: "rules deleted",
 		tamper: func(t *testing.T, p *pod) {
 			hs := ruleHandles(t, p, "mangle-prerouting")
-			p.Pod.Nft(t, "delete", "rule", "inet", nftTable, "mangle-prerouting", "handle", hs[len(hs)-1])
+			for _, h := range hs[len(hs)-2:] {
+				p.Pod.Nft(t, "delete", "rule", "inet", nftTable, "mangle-prerouting", "handle", h)
+			}
 		},
 		status:   nftredirv1.SyncStatus_SYNC_STATUS_DRIFTED,
 		from:     func(p *pod) *nstest.Netns { return p.Peer },

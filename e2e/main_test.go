@@ -21,6 +21,10 @@ var grpcurlTranscript = flag.String("grpcurl-transcript", "", "write the grpcurl
 var binDir string
 
 func TestMain(m *testing.M) {
+	// The probe SNAT test re-executes this binary as another uid to dial.
+	if code, ok := runDialChild(); ok {
+		os.Exit(code)
+	}
 	flag.Parse()
 	dir, err := os.MkdirTemp("", "nftredir-e2e-bin-")
 	if err != nil {

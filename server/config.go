@@ -4,8 +4,10 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -44,6 +46,20 @@ type Config struct {
 	ReconcileWorkers int
 	// Reflection registers gRPC server reflection, for grpcurl.
 	Reflection bool
+	// ZDS, when set, is told about every enrolment and release, so a node
+	// proxy following ZDS (ztunnel) gets each pod's namespace. Leave it nil
+	// to serve no ZDS: a nil *zds.Server in this field is not nil.
+	ZDS ZDS
+	// ZDSRequireAck makes AddPod wait for the node proxy's ack, and fail
+	// with Unavailable (the pod staying enrolled) without one.
+	ZDSRequireAck bool
+	// Probe, when set, keeps the node's probe SNAT table true to the
+	// enrolled pods' addresses. Nil: no node table.
+	Probe ProbeTable
+	// BeforeServing runs once after the startup reconcile and before
+	// health turns SERVING; an error stops Run. The daemon starts serving
+	// ZDS there, so a proxy's first snapshot is the reconciled set.
+	BeforeServing func(context.Context) error
 }
 
 // Server implements nftredir.v1.RedirectService.
@@ -61,6 +77,13 @@ type Server struct {
 	workers  int
 	reflect  bool
 
+	zds           ZDS
+	zdsRequireAck bool
+	probe         ProbeTable
+	// probeMu: see lockProbe.
+	probeMu       sync.RWMutex
+	beforeServing func(context.Context) error
+
 	locks  *podLocks
 	owners *owners
 	watch  *broadcaster
@@ -76,6 +99,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Applier == nil {
 		return nil, errors.New("server config: Applier is required")
+	}
+	if cfg.ZDSRequireAck && cfg.ZDS == nil {
+		return nil, errors.New("server config: ZDSRequireAck without ZDS")
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -118,20 +144,24 @@ func New(cfg Config) (*Server, error) {
 		workers = 8
 	}
 	s := &Server{
-		guard:    cfg.Guard,
-		applier:  cfg.Applier,
-		store:    store,
-		routing:  routing,
-		defaults: defaults,
-		log:      log,
-		allow:    newAllowList(cfg.AllowUIDs, cfg.AllowGIDs),
-		interval: interval,
-		workers:  workers,
-		reflect:  cfg.Reflection,
-		locks:    newPodLocks(),
-		owners:   newOwners(),
-		watch:    newBroadcaster(),
-		health:   health.NewServer(),
+		guard:         cfg.Guard,
+		applier:       cfg.Applier,
+		store:         store,
+		routing:       routing,
+		defaults:      defaults,
+		log:           log,
+		allow:         newAllowList(cfg.AllowUIDs, cfg.AllowGIDs),
+		interval:      interval,
+		workers:       workers,
+		reflect:       cfg.Reflection,
+		zds:           cfg.ZDS,
+		zdsRequireAck: cfg.ZDSRequireAck,
+		probe:         cfg.Probe,
+		beforeServing: cfg.BeforeServing,
+		locks:         newPodLocks(),
+		owners:        newOwners(),
+		watch:         newBroadcaster(),
+		health:        health.NewServer(),
 	}
 	records, err := store.List()
 	if err != nil {

@@ -96,3 +96,10 @@ var errNetnsInUse = errors.New("network namespace is already enrolled by another
 func netnsInUse(path string, id netns.ID, owner string) error {
 	return fmt.Errorf("netns_path %s (namespace %s): %w %q; release it with RemovePod first", path, id, errNetnsInUse, owner)
 }
+
+// proxyNotTaken is an AddPod that committed the capture but whose node
+// proxy did not ack the pod (--zds-require-ack). Unavailable, because the
+// same AddPod repeated is the remedy.
+func proxyNotTaken(uid string, err error) error {
+	return status.Errorf(codes.Unavailable, "pod %s is captured but the node proxy has not taken it: %v; retry AddPod", uid, err)
+}

@@ -119,10 +119,11 @@ func (s *Server) Run(ctx context.Context, lis net.Listener, shutdownTimeout time
 	return err
 }
 
-// reconcileLoop runs the startup reconcile, turns SERVING, then repeats
-// every interval. Only a failure of the startup pass (an unreadable state
-// directory) is returned: serving without knowing the enrolled pods would
-// acknowledge requests against a state we cannot see.
+// reconcileLoop runs the startup reconcile and the BeforeServing hook,
+// turns SERVING, then repeats the reconcile every interval. Only a failure
+// of the startup pass (an unreadable state directory) or of the hook is
+// returned: serving without knowing the enrolled pods would acknowledge
+// requests against a state we cannot see.
 func (s *Server) reconcileLoop(ctx context.Context) error {
 	if _, err := s.Reconcile(ctx); err != nil {
 		if ctx.Err() != nil {
@@ -132,6 +133,14 @@ func (s *Server) reconcileLoop(ctx context.Context) error {
 	}
 	if ctx.Err() != nil {
 		return nil
+	}
+	if s.beforeServing != nil {
+		if err := s.beforeServing(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("before serving: %w", err)
+		}
 	}
 	s.setServing(true)
 	s.log.Info("serving")

@@ -67,6 +67,7 @@ func (s *Server) Reconcile(ctx context.Context) (ReconcileResult, error) {
 	}
 	close(jobs)
 	wg.Wait()
+	s.reconcileProbe(ctx)
 	level := hclog.Debug
 	if res.Repaired+res.Dropped+res.Failed > 0 {
 		level = hclog.Info
@@ -96,7 +97,7 @@ func (s *Server) reconcileOne(ctx context.Context, uid string) outcome {
 	log = log.With("netns", rec.NetnsPath)
 	id, _ := rec.netnsID()
 	if cur, ok := s.owners.claim(id, uid, ""); !ok {
-		return s.drop(log, rec, fmt.Sprintf("namespace %s is enrolled by pod %s", id, cur))
+		return s.drop(ctx, log, rec, fmt.Sprintf("namespace %s is enrolled by pod %s", id, cur))
 	}
 	h, reason, err := s.openRecorded(rec)
 	if err != nil {
@@ -104,7 +105,7 @@ func (s *Server) reconcileOne(ctx context.Context, uid string) outcome {
 		return outcomeFailed
 	}
 	if h == nil {
-		return s.drop(log, rec, reason)
+		return s.drop(ctx, log, rec, reason)
 	}
 	defer h.Close()
 	live, err := s.inspectHandle(ctx, h, rec)
@@ -146,7 +147,8 @@ func (s *Server) repair(ctx context.Context, h *netns.Handle, rec *Record) error
 // drop removes a record whose namespace is no longer the one enrolled.
 // Nothing is programmed anywhere: the path may now lead to a namespace
 // that is not this pod's.
-func (s *Server) drop(log hclog.Logger, rec *Record, reason string) outcome {
+func (s *Server) drop(ctx context.Context, log hclog.Logger, rec *Record, reason string) outcome {
+	defer s.lockProbe()()
 	if err := s.store.Delete(rec.PodUID); err != nil {
 		log.Error("cannot drop the record", "error", err)
 		return outcomeFailed
@@ -154,6 +156,7 @@ func (s *Server) drop(log hclog.Logger, rec *Record, reason string) outcome {
 	if id, err := rec.netnsID(); err == nil {
 		s.owners.release(id, rec.PodUID)
 	}
+	s.released(ctx, log, rec.PodUID)
 	s.watch.publish(nftredirv1.EventType_EVENT_TYPE_REMOVED, rec.toProto())
 	log.Info("record dropped", "reason", reason)
 	return outcomeDropped

@@ -43,33 +43,51 @@ func (s *Server) AddPod(ctx context.Context, req *nftredirv1.AddPodRequest) (*nf
 		return nil, toStatus(err)
 	}
 	defer unlock()
-	rec, err := s.addPod(ctx, log, a)
+	rec, prev, err := s.addPodAndProbe(ctx, log, a)
 	if err != nil {
 		log.Debug("add refused or failed; nothing changed", "error", err)
 		return nil, toStatus(err)
 	}
-	return &nftredirv1.AddPodResponse{Pod: rec.toProto()}, nil
+	// Still under the pod's lock, so the proxy hears of this add before
+	// any later remove of the same pod.
+	if err := s.handToProxy(ctx, log, prev, rec); err != nil {
+		return nil, err
+	}
+	return &nftredirv1.AddPodResponse{Pod: s.withZDSState(rec.toProto())}, nil
+}
+
+// addPodAndProbe is addPod followed by the node table update, both under
+// lockProbe.
+func (s *Server) addPodAndProbe(ctx context.Context, log hclog.Logger, a *addPod) (*Record, *Record, error) {
+	defer s.lockProbe()()
+	rec, prev, err := s.addPod(ctx, log, a)
+	if err != nil {
+		return nil, nil, err
+	}
+	s.probeAdded(ctx, log, rec)
+	return rec, prev, nil
 }
 
 // addPod runs under the pod's lock. The record (intent) is written before
 // the kernel is touched, and rolled back if the kernel work fails or
 // panics, so a crash at any instant leaves either the pod's previous state
 // or a record that reconcile completes, and an error reply means nothing
-// changed.
-func (s *Server) addPod(ctx context.Context, log hclog.Logger, a *addPod) (*Record, error) {
+// changed. It returns the new record and the previous one (nil for a new
+// pod).
+func (s *Server) addPod(ctx context.Context, log hclog.Logger, a *addPod) (*Record, *Record, error) {
 	h, err := s.open(a.netnsPath)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer h.Close()
 	rs, err := nft.Build(a.spec)
 	if err != nil {
-		return nil, invalidArgument("options: %v", err)
+		return nil, nil, invalidArgument("options: %v", err)
 	}
 	id := h.ID()
 	prev, err := s.store.Get(a.uid)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var prevID netns.ID
 	if prev != nil {
@@ -77,7 +95,7 @@ func (s *Server) addPod(ctx context.Context, log hclog.Logger, a *addPod) (*Reco
 	}
 	sameNS := prev != nil && prevID == id
 	if err := s.claim(h, a.uid); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 
 	now := s.now()
@@ -102,7 +120,7 @@ func (s *Server) addPod(ctx context.Context, log hclog.Logger, a *addPod) (*Reco
 		if !sameNS {
 			s.owners.release(id, a.uid)
 		}
-		return nil, err
+		return nil, nil, err
 	}
 	committed := false
 	defer func() {
@@ -111,10 +129,10 @@ func (s *Server) addPod(ctx context.Context, log hclog.Logger, a *addPod) (*Reco
 		}
 	}()
 	if err := netns.EnsureRouting(h, s.routing); err != nil {
-		return nil, fmt.Errorf("install policy routing: %w", err)
+		return nil, nil, fmt.Errorf("install policy routing: %w", err)
 	}
 	if err := s.applier.Apply(ctx, h, rs); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	committed = true
 
@@ -137,13 +155,13 @@ func (s *Server) addPod(ctx context.Context, log hclog.Logger, a *addPod) (*Reco
 	}
 	switch {
 	case prev == nil:
-		log.Info("pod enrolled", "netns_id", id, "digest", rs.Digest)
+		log.Info("pod enrolled", "netns_id", id.String(), "digest", rs.Digest)
 	case !sameNS:
-		log.Info("pod moved to another namespace", "netns_id", id, "old_netns", prev.NetnsPath, "old_netns_id", prev.NetnsID)
+		log.Info("pod moved to another namespace", "netns_id", id.String(), "old_netns", prev.NetnsPath, "old_netns_id", prev.NetnsID)
 	default:
 		log.Debug("pod re-applied", "digest", rs.Digest)
 	}
-	return rec, nil
+	return rec, prev, nil
 }
 
 // claim makes uid the owner of the opened namespace, unless another pod
@@ -206,7 +224,14 @@ func (s *Server) rollbackAdd(log hclog.Logger, h *netns.Handle, rec, prev *Recor
 	if prev != nil {
 		errs = append(errs, s.store.Put(prev))
 	} else {
-		errs = append(errs, s.store.Delete(rec.PodUID))
+		err := s.store.Delete(rec.PodUID)
+		errs = append(errs, err)
+		if err == nil && s.zds != nil {
+			// A proxy that connected while the record existed got the pod
+			// in its snapshot; it must not keep a namespace that is not
+			// captured.
+			s.zds.PodRemoved(rec.PodUID)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		log.Error("rollback of a failed add is incomplete; reconcile will converge on the recorded state", "error", err)
@@ -250,6 +275,7 @@ func (s *Server) RemovePod(ctx context.Context, req *nftredirv1.RemovePodRequest
 		return nil, toStatus(err)
 	}
 	defer unlock()
+	defer s.lockProbe()()
 	existed, err := s.removePod(ctx, uid)
 	if err != nil {
 		return nil, toStatus(err)
@@ -276,7 +302,7 @@ func (s *Server) removePod(ctx context.Context, uid string) (bool, error) {
 		}
 	case err == nil:
 		h.Close()
-		log.Info("path names another namespace now; leaving it alone", "netns_id", h.ID(), "recorded_netns_id", id)
+		log.Info("path names another namespace now; leaving it alone", "netns_id", h.ID().String(), "recorded_netns_id", id.String())
 	case namespaceGone(err):
 		log.Debug("namespace already gone", "error", err)
 	default:
@@ -286,6 +312,7 @@ func (s *Server) removePod(ctx context.Context, uid string) (bool, error) {
 		return true, err
 	}
 	s.owners.release(id, uid)
+	s.released(ctx, log, uid)
 	s.watch.publish(nftredirv1.EventType_EVENT_TYPE_REMOVED, rec.toProto())
 	log.Info("pod released")
 	return true, nil
@@ -321,7 +348,7 @@ func (s *Server) getPod(ctx context.Context, uid string) (*nftredirv1.GetPodResp
 	if rec == nil {
 		return nil, status.Errorf(codes.NotFound, "pod %s is not enrolled; ListPods shows the enrolled pods", uid)
 	}
-	resp := &nftredirv1.GetPodResponse{Pod: rec.toProto()}
+	resp := &nftredirv1.GetPodResponse{Pod: s.withZDSState(rec.toProto())}
 	live, err := s.inspect(ctx, rec)
 	if err != nil {
 		return nil, err
@@ -349,6 +376,9 @@ func (s *Server) ListPods(ctx context.Context, _ *nftredirv1.ListPodsRequest) (*
 	pods, err := s.listPods()
 	if err != nil {
 		return nil, toStatus(err)
+	}
+	for _, p := range pods {
+		s.withZDSState(p)
 	}
 	return &nftredirv1.ListPodsResponse{Pods: pods}, nil
 }

@@ -297,6 +297,11 @@ func (a *app) failed(cmd string, err error) {
 	fmt.Fprintf(a.stderr, "nftredirctl: %s failed: %s: %s\n", cmd, st.Code(), st.Message())
 	switch st.Code() {
 	case codes.Unavailable:
+		// gRPC reports a refused connect(2) only in the message text.
+		if strings.Contains(st.Message(), "permission denied") {
+			fmt.Fprintf(a.stderr, "hint: the permissions of %s refuse this user; run as root, or ask for a group that may connect (nftredird --socket-group) and an allowed uid or gid (nftredird --allow-uid, --allow-gid)\n", a.socket)
+			break
+		}
 		fmt.Fprintf(a.stderr, "hint: is nftredird running and listening on %s? (--socket, $NFTREDIR_SOCKET)\n", a.socket)
 	case codes.PermissionDenied:
 		fmt.Fprintln(a.stderr, "hint: run as root or as a uid/gid the daemon allows")

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -109,6 +110,9 @@ func (a *app) printPod(t *tabwriter.Writer, p *nftredirv1.Pod) {
 	if p.ServiceAccount != nil {
 		fmt.Fprintf(t, "Service account:\t%s\n", p.GetServiceAccount())
 	}
+	if p.ZdsState != nil {
+		fmt.Fprintf(t, "ZDS state:\t%s\n", p.GetZdsState())
+	}
 	fmt.Fprintf(t, "Capture mode:\t%s\n", modeName(o.GetCaptureMode()))
 	fmt.Fprintf(t, "Inbound capture:\t%s\n", onOff(o.InboundCapture))
 	fmt.Fprintf(t, "DNS capture:\t%s\n", onOff(o.DnsCapture))
@@ -120,15 +124,26 @@ func (a *app) printPod(t *tabwriter.Writer, p *nftredirv1.Pod) {
 	fmt.Fprintf(t, "Updated:\t%s\n", a.when(p.GetUpdatedAt()))
 }
 
-// printTable shows pods one per row, in the daemon's order.
+// printTable shows pods one per row, in the daemon's order. The ZDS
+// column appears only when the daemon serves ZDS, so a table without it
+// reads the same as before ZDS existed.
 func (a *app) printTable(w io.Writer, pods []*nftredirv1.Pod) error {
+	withZDS := slices.ContainsFunc(pods, func(p *nftredirv1.Pod) bool { return p.ZdsState != nil })
 	t := newTable(w)
-	fmt.Fprintln(t, "NAMESPACE\tNAME\tPOD UID\tNETNS\tIPS\tMODE\tAGE")
+	if withZDS {
+		fmt.Fprintln(t, "NAMESPACE\tNAME\tPOD UID\tNETNS\tIPS\tMODE\tZDS\tAGE")
+	} else {
+		fmt.Fprintln(t, "NAMESPACE\tNAME\tPOD UID\tNETNS\tIPS\tMODE\tAGE")
+	}
 	now := a.now()
 	for _, p := range pods {
-		fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+		fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%s\t%s\t",
 			dash(p.GetPodNamespace()), dash(p.GetPodName()), p.GetPodUid(), p.GetNetnsPath(),
-			list(p.GetPodIps()), modeName(p.GetOptions().GetCaptureMode()), age(now, p.GetEnrolledAt()))
+			list(p.GetPodIps()), modeName(p.GetOptions().GetCaptureMode()))
+		if withZDS {
+			fmt.Fprintf(t, "%s\t", dash(p.GetZdsState()))
+		}
+		fmt.Fprintf(t, "%s\n", age(now, p.GetEnrolledAt()))
 	}
 	return t.Flush()
 }

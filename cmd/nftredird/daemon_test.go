@@ -104,7 +104,11 @@ func TestDaemonLifecycle(t *testing.T) {
 	requirePrivileged(t)
 	dir := t.TempDir()
 	socket := filepath.Join(dir, "run", "nftredir.sock")
-	args := []string{"--socket", socket, "--state-dir", filepath.Join(dir, "pods"), "--socket-group", "1234", "--log-format", "text"}
+	// No node probe table and no ZDS socket: with the defaults the daemon
+	// would program the machine's own namespace and serve under
+	// /var/run/ztunnel.
+	args := []string{"--socket", socket, "--state-dir", filepath.Join(dir, "pods"), "--socket-group", "1234", "--log-format", "text",
+		"--probe-snat=false", "--zds-socket="}
 	d := startDaemon(t, args...)
 	waitServing(t, socket)
 

@@ -25,8 +25,14 @@ func envName(flagName string) string {
 	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
+// cmdUninstall is the subcommand that removes the node probe table.
+const cmdUninstall = "uninstall"
+
 // options is the parsed and checked command line.
 type options struct {
+	// command is "" to run the daemon, or cmdUninstall.
+	command string
+
 	socket            string
 	stateDir          string
 	logLevel          string
@@ -38,6 +44,12 @@ type options struct {
 	reflection        bool
 	shutdownTimeout   time.Duration
 	protectNetns      stringList
+
+	zdsSocket     string
+	zdsRequireAck bool
+	probeSNAT     bool
+	nodeNetns     string
+	kubeletUID    uint32Value
 
 	captureMode  string
 	outboundPort portValue
@@ -66,7 +78,17 @@ on a Unix socket and programs pods' network namespaces so their TCP is
 captured by the node proxy. It must run as root (CAP_NET_ADMIN and
 CAP_SYS_ADMIN at least).
 
-Usage: nftredird [flags]
+Usage:
+  nftredird [flags]             run the daemon
+  nftredird uninstall [flags]   remove the node probe table (--node-netns)
+                                and nothing else, then exit; a plain stop
+                                leaves the table, so kubelet probes keep
+                                working while the daemon restarts
+
+It serves ZDS (the protocol of Istio's node agent) on --zds-socket, so
+stock ztunnel gets every enrolled pod's namespace from it, and keeps a
+table in the node's namespace (--node-netns) that SNATs the kubelet's TCP
+to enrolled pods to the probe source address, so probes are not captured.
 
 Every flag can also be given as an environment variable: NFTREDIR_ plus
 the flag name in upper case with '-' as '_' (--state-dir is
@@ -78,6 +100,7 @@ Flags:
 
 func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Writer) (*options, error) {
 	o := &options{
+		probeSNAT:    true,
 		outboundPort: 15001, inboundPort: 15006, hbonePort: 15008, dnsPort: 15053,
 		proxyMark:  markValue{Value: 0x539, Mask: 0xfff},
 		tproxyMark: markValue{Value: 0x111, Mask: 0xfff},
@@ -99,6 +122,11 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.BoolVar(&o.reflection, "reflection", true, "serve gRPC reflection, so grpcurl works without .proto files")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM/SIGINT, how long running calls may finish before they are cancelled")
 	fs.Var(&o.protectNetns, "protect-netns", "extra network namespace `paths` that must never be programmed, besides the daemon's own and PID 1's (comma list)")
+	fs.StringVar(&o.zdsSocket, "zds-socket", "/var/run/ztunnel/ztunnel.sock", "`path` of the ZDS socket (SOCK_SEQPACKET) ztunnel connects to for pods' namespaces; its directory is created 0750 root-owned, the socket is 0660; empty serves no ZDS")
+	fs.BoolVar(&o.zdsRequireAck, "zds-require-ack", false, "AddPod waits for the node proxy's ZDS ack and returns UNAVAILABLE without one (the pod stays enrolled; the caller retries); needs --zds-socket")
+	fs.BoolVar(&o.probeSNAT, "probe-snat", true, "keep the node probe table: the kubelet's TCP to enrolled pods leaves the node from the probe source address, which pods do not capture")
+	fs.StringVar(&o.nodeNetns, "node-netns", "", "network namespace `path` of the node, where the probe table lives; empty is the daemon's own; pods naming it are refused like the daemon's own namespace")
+	fs.Var(&o.kubeletUID, "kubelet-uid", "`uid` of the kubelet, whose TCP to enrolled pods is SNATed to the probe source")
 	fs.StringVar(&o.captureMode, "capture-mode", "TPROXY", "default capture `mode` for pods that do not choose: TPROXY or REDIRECT")
 	fs.Var(&o.outboundPort, "outbound-port", "proxy `port` that captures the pod's outgoing TCP")
 	fs.Var(&o.inboundPort, "inbound-port", "proxy `port` that receives incoming plaintext TCP")
@@ -113,14 +141,22 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.Var(&o.probeV4, "probe-source-v4", "kubelet probe source `address` (SNATed on the node) that bypasses capture; empty disables")
 	fs.Var(&o.probeV6, "probe-source-v6", "IPv6 kubelet probe source `address`; empty disables")
 	fs.Usage = func() {}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printUsage(fs, out)
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				printUsage(fs, out)
+			}
+			return nil, err
 		}
-		return nil, err
+		// The subcommand may come before, between or after flags.
+		if fs.NArg() > 0 && fs.Arg(0) == cmdUninstall && o.command == "" {
+			o.command, args = cmdUninstall, fs.Args()[1:]
+			continue
+		}
+		break
 	}
 	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments %q; nftredird takes flags only", fs.Args())
+		return nil, fmt.Errorf("unexpected arguments %q; nftredird takes flags and the one command %q", fs.Args(), cmdUninstall)
 	}
 	onCommandLine := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { onCommandLine[f.Name] = true })
@@ -188,6 +224,21 @@ func (o *options) check() error {
 	if o.socketGroup < 0 {
 		bad("--socket-group %d is not a gid", o.socketGroup)
 	}
+	if o.zdsSocket != "" && (!filepath.IsAbs(o.zdsSocket) || filepath.Clean(o.zdsSocket) != o.zdsSocket) {
+		bad("--zds-socket %q must be an absolute, clean path (or empty to serve no ZDS)", o.zdsSocket)
+	}
+	if o.zdsSocket != "" && o.zdsSocket == o.socket {
+		bad("--zds-socket and --socket are both %s", o.socket)
+	}
+	if o.zdsRequireAck && o.zdsSocket == "" {
+		bad("--zds-require-ack needs --zds-socket: without ZDS no node proxy can ack")
+	}
+	if o.nodeNetns != "" && !filepath.IsAbs(o.nodeNetns) {
+		bad("--node-netns %q must be an absolute path", o.nodeNetns)
+	}
+	if o.probeSNAT && o.command == "" && !o.probeV4.IsValid() && !o.probeV6.IsValid() {
+		bad("--probe-snat needs a probe source (--probe-source-v4 or --probe-source-v6); or set --probe-snat=false")
+	}
 	mode, err := nft.ParseMode(o.captureMode)
 	if err != nil {
 		bad("--capture-mode: %v", err)
@@ -220,6 +271,20 @@ func (o *options) check() error {
 		bad("--route-table/--rule-priority/--tproxy-mark: %v", err)
 	}
 	return errors.Join(errs...)
+}
+
+// uint32Value is a numeric uid.
+type uint32Value uint32
+
+func (u *uint32Value) String() string { return strconv.FormatUint(uint64(*u), 10) }
+
+func (u *uint32Value) Set(v string) error {
+	n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32)
+	if err != nil {
+		return fmt.Errorf("%q is not a numeric id", v)
+	}
+	*u = uint32Value(n)
+	return nil
 }
 
 // idList is a comma-separated list of uids or gids.

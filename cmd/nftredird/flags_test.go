@@ -85,6 +85,14 @@ func TestInvalidFlags(t *testing.T) {
 		{[]string{"--protect-netns", "relative/path"}, nil, "absolute"},
 		{[]string{"--probe-source-v4", "fd00::1"}, nil, "IPv4"},
 		{[]string{"extra"}, nil, "unexpected arguments"},
+		{[]string{"uninstall", "uninstall"}, nil, "unexpected arguments"},
+		{[]string{"--zds-socket", "run/z.sock"}, nil, "--zds-socket"},
+		{[]string{"--zds-socket", "/run/nftredir/nftredir.sock"}, nil, "both"},
+		{[]string{"--zds-socket=", "--zds-require-ack"}, nil, "--zds-require-ack needs --zds-socket"},
+		{[]string{"--node-netns", "netns/node"}, nil, "--node-netns"},
+		{[]string{"--kubelet-uid", "kubelet"}, nil, "numeric"},
+		{[]string{"--kubelet-uid", "4294967296"}, nil, "numeric"},
+		{[]string{"--probe-source-v4=", "--probe-source-v6="}, nil, "--probe-snat needs a probe source"},
 		{nil, map[string]string{"NFTREDIR_HBONE_PORT": "x"}, "NFTREDIR_HBONE_PORT"},
 	}
 	for _, tt := range tests {
@@ -101,7 +109,9 @@ func TestHelpDocumentsEnvTwins(t *testing.T) {
 	if !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("--help: %v", err)
 	}
-	for _, want := range []string{"NFTREDIR_SOCKET", "NFTREDIR_ALLOW_GID", "--tproxy-mark", "default 0x111/0xfff", "wins over"} {
+	for _, want := range []string{"NFTREDIR_SOCKET", "NFTREDIR_ALLOW_GID", "--tproxy-mark", "default 0x111/0xfff", "wins over",
+		"NFTREDIR_ZDS_SOCKET", "default /var/run/ztunnel/ztunnel.sock", "NFTREDIR_ZDS_REQUIRE_ACK", "NFTREDIR_PROBE_SNAT",
+		"NFTREDIR_NODE_NETNS", "NFTREDIR_KUBELET_UID", "nftredird uninstall"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("--help lacks %q", want)
 		}
@@ -114,5 +124,52 @@ func TestRunExitCodes(t *testing.T) {
 	}
 	if code := run([]string{"-h"}, env(nil), io.Discard); code != 0 {
 		t.Errorf("-h: exit %d, want 0", code)
+	}
+}
+
+func TestProxyFlags(t *testing.T) {
+	o, err := parseFlags(nil, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.command != "" || o.zdsSocket != "/var/run/ztunnel/ztunnel.sock" || o.zdsRequireAck || !o.probeSNAT || o.nodeNetns != "" || o.kubeletUID != 0 {
+		t.Errorf("defaults: command %q zds %q require-ack %v probe-snat %v node-netns %q kubelet-uid %d",
+			o.command, o.zdsSocket, o.zdsRequireAck, o.probeSNAT, o.nodeNetns, o.kubeletUID)
+	}
+	e := env(map[string]string{
+		"NFTREDIR_ZDS_SOCKET":      "/run/z/ztunnel.sock",
+		"NFTREDIR_ZDS_REQUIRE_ACK": "true",
+		"NFTREDIR_PROBE_SNAT":      "false",
+		"NFTREDIR_NODE_NETNS":      "/run/netns/node",
+		"NFTREDIR_KUBELET_UID":     "4242",
+	})
+	o, err = parseFlags(nil, e, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.zdsSocket != "/run/z/ztunnel.sock" || !o.zdsRequireAck || o.probeSNAT || o.nodeNetns != "/run/netns/node" || o.kubeletUID != 4242 {
+		t.Errorf("env twins: %+v", o)
+	}
+	// Empty turns ZDS off, and the probe table needs no source when off.
+	o, err = parseFlags([]string{"--zds-socket=", "--probe-snat=false", "--probe-source-v4=", "--probe-source-v6="}, env(nil), io.Discard)
+	if err != nil || o.zdsSocket != "" || o.probeSNAT {
+		t.Errorf("ZDS and probe SNAT off: %+v, %v", o, err)
+	}
+}
+
+func TestUninstallCommand(t *testing.T) {
+	for _, args := range [][]string{
+		{"uninstall", "--node-netns", "/run/netns/node"},
+		{"--node-netns", "/run/netns/node", "uninstall"},
+		{"--log-format", "text", "uninstall", "--node-netns=/run/netns/node"},
+	} {
+		o, err := parseFlags(args, env(nil), io.Discard)
+		if err != nil {
+			t.Errorf("%q: %v", args, err)
+			continue
+		}
+		if o.command != cmdUninstall || o.nodeNetns != "/run/netns/node" {
+			t.Errorf("%q: command %q node-netns %q", args, o.command, o.nodeNetns)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 	"time"
 
@@ -17,7 +18,9 @@ import (
 
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
+	"github.com/nftredir/nftredir/probe"
 	"github.com/nftredir/nftredir/server"
+	"github.com/nftredir/nftredir/zds"
 )
 
 func main() {
@@ -42,6 +45,13 @@ func run(args []string, lookupEnv func(string) (string, bool), stderr io.Writer)
 		Output:     stderr,
 		TimeFormat: time.RFC3339Nano,
 	})
+	if opts.command == cmdUninstall {
+		if err := uninstall(opts, root); err != nil {
+			root.Error("uninstall failed", "error", err)
+			return 1
+		}
+		return 0
+	}
 	if err := serve(opts, root); err != nil {
 		root.Error("exiting", "error", err)
 		return 1
@@ -50,13 +60,76 @@ func run(args []string, lookupEnv func(string) (string, bool), stderr io.Writer)
 	return 0
 }
 
+// uninstallTimeout bounds the uninstall command; deleting a table takes
+// milliseconds unless the node is in trouble.
+const uninstallTimeout = 30 * time.Second
+
+// uninstall removes the node probe table and nothing else: pods' tables
+// and records belong to pods, which their own RemovePod releases.
+func uninstall(opts *options, root hclog.Logger) error {
+	m, err := probe.New(probe.Config{NetnsPath: opts.nodeNetns, Logger: root.Named("probe")})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), uninstallTimeout)
+	defer cancel()
+	if err := m.Uninstall(ctx); err != nil {
+		return err
+	}
+	root.Info("node probe table removed (or was not there)", "table", probe.TableName, "netns", nodeNetnsName(opts.nodeNetns))
+	return nil
+}
+
+func nodeNetnsName(path string) string {
+	if path == "" {
+		return probe.SelfNetns
+	}
+	return path
+}
+
+// newProbe creates the node probe table, or repairs it, before anything is
+// served: the startup reconcile then only fills its sets.
+func newProbe(ctx context.Context, opts *options, root hclog.Logger) (*probe.Manager, error) {
+	m, err := probe.New(probe.Config{
+		NetnsPath:  opts.nodeNetns,
+		KubeletUID: uint32(opts.kubeletUID),
+		SourceV4:   opts.probeV4.Addr,
+		SourceV6:   opts.probeV6.Addr,
+		NoIPv4:     !opts.probeV4.IsValid(),
+		NoIPv6:     !opts.probeV6.IsValid(),
+		Logger:     root.Named("probe"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("node probe table: %w", err)
+	}
+	if err := m.Ensure(ctx); err != nil {
+		return nil, fmt.Errorf("node probe table: %w", err)
+	}
+	return m, nil
+}
+
+// serve runs the daemon. Start order: the guard; the node probe table;
+// the server (loading records); the sockets; then, inside Run, the startup
+// reconcile (which fills the probe sets), ZDS serving (so a proxy's first
+// snapshot is the reconciled set), and health SERVING.
 func serve(opts *options, root hclog.Logger) error {
-	guard, err := netns.NewGuard(opts.protectNetns...)
+	protect := slices.Clone(opts.protectNetns)
+	if opts.nodeNetns != "" {
+		// A pod path naming the node must be refused like the daemon's
+		// own namespace, whichever namespace the daemon runs in.
+		protect = append(protect, opts.nodeNetns)
+	}
+	guard, err := netns.NewGuard(protect...)
 	if err != nil {
 		return fmt.Errorf("namespace guard: %w", err)
 	}
+	for _, w := range guard.Warnings() {
+		root.Warn(w)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
 	defaults := opts.spec
-	srv, err := server.New(server.Config{
+	cfg := server.Config{
 		Guard:             guard,
 		Applier:           nft.NewNetlink(),
 		StateDir:          opts.stateDir,
@@ -67,12 +140,30 @@ func serve(opts *options, root hclog.Logger) error {
 		AllowGIDs:         opts.allowGIDs,
 		ReconcileInterval: opts.reconcileInterval,
 		Reflection:        opts.reflection,
-	})
+	}
+	if opts.probeSNAT {
+		m, err := newProbe(ctx, opts, root)
+		if err != nil {
+			return err
+		}
+		cfg.Probe = m
+	}
+	var (
+		srv *server.Server
+		zs  *zdsServing
+	)
+	if opts.zdsSocket != "" {
+		// The source is read only once serving starts, after srv is set.
+		zs, err = newZDS(guard, func() ([]zds.Pod, error) { return srv.ZDSPods() }, root)
+		if err != nil {
+			return err
+		}
+		cfg.ZDS, cfg.ZDSRequireAck, cfg.BeforeServing = zs.srv, opts.zdsRequireAck, zs.start
+	}
+	srv, err = server.New(cfg)
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	lis, err := listenSocket(opts.socket, opts.socketGroup, root)
 	if err != nil {
 		return err
@@ -84,6 +175,55 @@ func serve(opts *options, root hclog.Logger) error {
 			root.Warn("cannot remove the socket", "socket", opts.socket, "error", err)
 		}
 	}()
-	root.Info("listening", "socket", opts.socket, "state_dir", opts.stateDir, "allow_uids", opts.allowUIDs.String(), "allow_gids", opts.allowGIDs.String(), "socket_group", opts.socketGroup)
+	if zs != nil {
+		if err := zs.srv.Listen(opts.zdsSocket); err != nil {
+			lis.Close()
+			return fmt.Errorf("zds: %w", err)
+		}
+		// After Run: calls still finishing during the graceful stop may be
+		// waiting for a proxy's ack.
+		defer zs.stop(root)
+	}
+	root.Info("listening", "socket", opts.socket, "state_dir", opts.stateDir, "allow_uids", opts.allowUIDs.String(), "allow_gids", opts.allowGIDs.String(), "socket_group", opts.socketGroup,
+		"zds_socket", opts.zdsSocket, "zds_require_ack", opts.zdsRequireAck, "probe_snat", opts.probeSNAT, "node_netns", nodeNetnsName(opts.nodeNetns), "kubelet_uid", uint32(opts.kubeletUID))
 	return srv.Run(ctx, lis, opts.shutdownTimeout)
+}
+
+// zdsServing is the ZDS server and the goroutine serving it.
+type zdsServing struct {
+	srv    *zds.Server
+	cancel context.CancelFunc
+	ctx    context.Context
+	// done is set by start, which the server calls from Run; stop is
+	// deferred past Run, so it sees the write.
+	done chan error
+}
+
+func newZDS(guard *netns.Guard, pods func() ([]zds.Pod, error), root hclog.Logger) (*zdsServing, error) {
+	srv, err := zds.NewServer(zds.Config{Pods: zds.PodSourceFunc(pods), Opener: guard, Logger: root.Named("zds")})
+	if err != nil {
+		return nil, err
+	}
+	// Its own context rather than the signal's: the server is closed after
+	// the gRPC server has drained, not when the signal arrives.
+	ctx, cancel := context.WithCancel(context.Background())
+	return &zdsServing{srv: srv, ctx: ctx, cancel: cancel}, nil
+}
+
+func (z *zdsServing) start(context.Context) error {
+	z.done = make(chan error, 1)
+	go func() { z.done <- z.srv.Serve(z.ctx) }()
+	return nil
+}
+
+func (z *zdsServing) stop(log hclog.Logger) {
+	z.cancel()
+	if err := z.srv.Close(); err != nil {
+		log.Warn("closing the ZDS socket", "error", err)
+	}
+	if z.done != nil {
+		if err := <-z.done; err != nil {
+			log.Warn("ZDS server", "error", err)
+		}
+	}
 }

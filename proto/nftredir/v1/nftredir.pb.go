@@ -10,13 +10,15 @@
 // caller's SO_PEERCRED uid/gid are the access control). The same server also
 // offers grpc.health.v1.Health (service names "" and
 // "nftredir.v1.RedirectService"; NOT_SERVING until the startup reconcile has
-// finished) and server reflection, so grpcurl needs no .proto file:
+// finished) and server reflection, so grpcurl needs no .proto file. Give the
+// socket as a unix:// target with an absolute path (the -unix flag of
+// grpcurl v1.9.2 and v1.9.3 dials the path over TCP and fails):
 //
-//   grpcurl -plaintext -unix /run/nftredir/nftredir.sock list
-//   grpcurl -plaintext -unix /run/nftredir/nftredir.sock describe nftredir.v1.RedirectService
-//   grpcurl -plaintext -unix /run/nftredir/nftredir.sock \
+//   grpcurl -plaintext unix:///run/nftredir/nftredir.sock list
+//   grpcurl -plaintext unix:///run/nftredir/nftredir.sock describe nftredir.v1.RedirectService
+//   grpcurl -plaintext \
 //     -d '{"podUid":"0b5c...","netnsPath":"/var/run/netns/cni-1234","podIps":["10.244.1.7"]}' \
-//     nftredir.v1.RedirectService/AddPod
+//     unix:///run/nftredir/nftredir.sock nftredir.v1.RedirectService/AddPod
 //
 // Error codes (the same for every RPC unless an RPC says otherwise):
 //   INVALID_ARGUMENT     the request is malformed: a required field is empty,
@@ -385,8 +387,9 @@ type AddPodRequest struct {
 	PodIps []string `protobuf:"bytes,5,rep,name=pod_ips,json=podIps,proto3" json:"pod_ips,omitempty"`
 	// Capture options. Optional: unset means all daemon defaults.
 	Options *RedirectOptions `protobuf:"bytes,6,opt,name=options,proto3" json:"options,omitempty"`
-	// The pod's Kubernetes service account. Optional; recorded and returned
-	// for node proxies that derive a workload identity from it.
+	// The pod's Kubernetes service account. Optional; recorded, returned, and
+	// sent to ztunnel over ZDS (WorkloadInfo.service_account) for node proxies
+	// that derive a workload identity from it.
 	ServiceAccount *string `protobuf:"bytes,7,opt,name=service_account,json=serviceAccount,proto3,oneof" json:"service_account,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
@@ -937,7 +940,17 @@ type Pod struct {
 	// When the pod was first enrolled.
 	EnrolledAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=enrolled_at,json=enrolledAt,proto3" json:"enrolled_at,omitempty"`
 	// When the pod's rules were last applied (AddPod or a reconcile repair).
-	UpdatedAt     *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	UpdatedAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	// Where the pod stands with the node proxy connected over ZDS (the newest
+	// connection, when several are): "acked" (the proxy holds the pod's
+	// namespace), "pending" (sent or queued, no ack yet), "nacked: <the
+	// proxy's error>" (refused; the daemon retries with backoff), "netns
+	// unavailable: <error>" (the namespace could not be opened for the proxy),
+	// or "no proxy connected" (the pod goes out with the next proxy's
+	// snapshot). Unset when the daemon does not serve ZDS (--zds-socket
+	// empty), and in WatchPods events. Filled in AddPod, GetPod and ListPods
+	// replies.
+	ZdsState      *string `protobuf:"bytes,11,opt,name=zds_state,json=zdsState,proto3,oneof" json:"zds_state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1042,6 +1055,13 @@ func (x *Pod) GetUpdatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Pod) GetZdsState() string {
+	if x != nil && x.ZdsState != nil {
+		return *x.ZdsState
+	}
+	return ""
+}
+
 var File_nftredir_v1_nftredir_proto protoreflect.FileDescriptor
 
 const file_nftredir_v1_nftredir_proto_rawDesc = "" +
@@ -1089,7 +1109,7 @@ const file_nftredir_v1_nftredir_proto_rawDesc = "" +
 	"\x10WatchPodsRequest\"e\n" +
 	"\x11WatchPodsResponse\x12,\n" +
 	"\x05event\x18\x01 \x01(\x0e2\x16.nftredir.v1.EventTypeR\x05event\x12\"\n" +
-	"\x03pod\x18\x02 \x01(\v2\x10.nftredir.v1.PodR\x03pod\"\xa3\x03\n" +
+	"\x03pod\x18\x02 \x01(\v2\x10.nftredir.v1.PodR\x03pod\"\xd3\x03\n" +
 	"\x03Pod\x12\x17\n" +
 	"\apod_uid\x18\x01 \x01(\tR\x06podUid\x12\x19\n" +
 	"\bpod_name\x18\x02 \x01(\tR\apodName\x12#\n" +
@@ -1104,8 +1124,11 @@ const file_nftredir_v1_nftredir_proto_rawDesc = "" +
 	"enrolledAt\x129\n" +
 	"\n" +
 	"updated_at\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAtB\x12\n" +
-	"\x10_service_account*_\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12 \n" +
+	"\tzds_state\x18\v \x01(\tH\x01R\bzdsState\x88\x01\x01B\x12\n" +
+	"\x10_service_accountB\f\n" +
+	"\n" +
+	"_zds_state*_\n" +
 	"\vCaptureMode\x12\x1c\n" +
 	"\x18CAPTURE_MODE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13CAPTURE_MODE_TPROXY\x10\x01\x12\x19\n" +

@@ -10,13 +10,15 @@
 // caller's SO_PEERCRED uid/gid are the access control). The same server also
 // offers grpc.health.v1.Health (service names "" and
 // "nftredir.v1.RedirectService"; NOT_SERVING until the startup reconcile has
-// finished) and server reflection, so grpcurl needs no .proto file:
+// finished) and server reflection, so grpcurl needs no .proto file. Give the
+// socket as a unix:// target with an absolute path (the -unix flag of
+// grpcurl v1.9.2 and v1.9.3 dials the path over TCP and fails):
 //
-//   grpcurl -plaintext -unix /run/nftredir/nftredir.sock list
-//   grpcurl -plaintext -unix /run/nftredir/nftredir.sock describe nftredir.v1.RedirectService
-//   grpcurl -plaintext -unix /run/nftredir/nftredir.sock \
+//   grpcurl -plaintext unix:///run/nftredir/nftredir.sock list
+//   grpcurl -plaintext unix:///run/nftredir/nftredir.sock describe nftredir.v1.RedirectService
+//   grpcurl -plaintext \
 //     -d '{"podUid":"0b5c...","netnsPath":"/var/run/netns/cni-1234","podIps":["10.244.1.7"]}' \
-//     nftredir.v1.RedirectService/AddPod
+//     unix:///run/nftredir/nftredir.sock nftredir.v1.RedirectService/AddPod
 //
 // Error codes (the same for every RPC unless an RPC says otherwise):
 //   INVALID_ARGUMENT     the request is malformed: a required field is empty,
@@ -88,7 +90,11 @@ type RedirectServiceClient interface {
 	//
 	// It replies only when the kernel state and the durable record are both in
 	// place; on any error nothing has changed (a previously enrolled pod keeps
-	// its previous rules and record).
+	// its previous rules and record), with one exception: when the daemon
+	// serves ZDS with --zds-require-ack, it also waits for the node proxy to
+	// ack the pod, and if that fails it returns UNAVAILABLE ("pod X is captured
+	// but the node proxy has not taken it") while the pod stays enrolled and
+	// captured. Repeating the AddPod waits for the ack again.
 	//
 	// Idempotent: repeating an identical AddPod returns OK and changes nothing.
 	// An AddPod for an enrolled pod_uid with different options, IPs or
@@ -224,7 +230,11 @@ type RedirectServiceServer interface {
 	//
 	// It replies only when the kernel state and the durable record are both in
 	// place; on any error nothing has changed (a previously enrolled pod keeps
-	// its previous rules and record).
+	// its previous rules and record), with one exception: when the daemon
+	// serves ZDS with --zds-require-ack, it also waits for the node proxy to
+	// ack the pod, and if that fails it returns UNAVAILABLE ("pod X is captured
+	// but the node proxy has not taken it") while the pod stays enrolled and
+	// captured. Repeating the AddPod waits for the ack again.
 	//
 	// Idempotent: repeating an identical AddPod returns OK and changes nothing.
 	// An AddPod for an enrolled pod_uid with different options, IPs or

@@ -1,0 +1,325 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/nftredir/nftredir/netns"
+	"github.com/nftredir/nftredir/nft"
+	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+	"github.com/nftredir/nftredir/zds"
+)
+
+// fakeZDS records what the server tells the node proxy. On every call it
+// also notes whether the server's snapshot source lists the pod at that
+// moment, which is what a proxy connecting just then would get.
+type fakeZDS struct {
+	srv *Server
+
+	mu      sync.Mutex
+	calls   []string
+	pods    map[string]zds.Pod
+	waitErr error
+	states  map[string]string
+}
+
+func newFakeZDS() *fakeZDS {
+	return &fakeZDS{pods: map[string]zds.Pod{}, states: map[string]string{}}
+}
+
+func (f *fakeZDS) listed(uid string) bool {
+	pods, err := f.srv.ZDSPods()
+	if err != nil {
+		panic(err)
+	}
+	return slices.ContainsFunc(pods, func(p zds.Pod) bool { return p.UID == uid })
+}
+
+func (f *fakeZDS) PodAdded(p zds.Pod) {
+	listed := f.listed(p.UID)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, fmt.Sprintf("add %s listed=%v", p.UID, listed))
+	f.pods[p.UID] = p
+	f.states[p.UID] = "pending"
+}
+
+func (f *fakeZDS) PodAddedWait(_ context.Context, p zds.Pod) error {
+	listed := f.listed(p.UID)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, fmt.Sprintf("addwait %s listed=%v", p.UID, listed))
+	f.pods[p.UID] = p
+	if f.waitErr != nil {
+		f.states[p.UID] = "no proxy connected"
+		return f.waitErr
+	}
+	f.states[p.UID] = zdsAcked
+	return nil
+}
+
+func (f *fakeZDS) PodRemoved(uid string) {
+	listed := f.listed(uid)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, fmt.Sprintf("del %s listed=%v", uid, listed))
+	delete(f.states, uid)
+}
+
+func (f *fakeZDS) State(uid string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if st, ok := f.states[uid]; ok {
+		return st
+	}
+	return "no proxy connected"
+}
+
+func (f *fakeZDS) ack(uid string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.states[uid] = zdsAcked
+}
+
+func (f *fakeZDS) takeCalls() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := f.calls
+	f.calls = nil
+	return c
+}
+
+// fakeProbe records the node table calls.
+type fakeProbe struct {
+	mu        sync.Mutex
+	calls     []string
+	reconcile map[string][]netip.Addr
+}
+
+func (f *fakeProbe) Add(_ context.Context, uid string, addrs []netip.Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, fmt.Sprintf("add %s %v", uid, addrs))
+	return nil
+}
+
+func (f *fakeProbe) Remove(_ context.Context, uid string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, "remove "+uid)
+	return nil
+}
+
+func (f *fakeProbe) Reconcile(_ context.Context, pods map[string][]netip.Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, fmt.Sprintf("reconcile %d", len(pods)))
+	f.reconcile = pods
+	return nil
+}
+
+func (f *fakeProbe) takeCalls() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := f.calls
+	f.calls = nil
+	return c
+}
+
+func startProxiedServer(t *testing.T, requireAck bool) (*testServer, *fakeZDS, *fakeProbe) {
+	t.Helper()
+	z, p := newFakeZDS(), &fakeProbe{}
+	ts := startServer(t, true, func(c *Config) {
+		c.ZDS, c.ZDSRequireAck, c.Probe = z, requireAck, p
+	})
+	z.srv = ts.srv
+	return ts, z, p
+}
+
+func wantCalls(t *testing.T, what string, got []string, want ...string) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Errorf("%s calls:\n got %q\nwant %q", what, got, want)
+	}
+}
+
+func TestProxiesFollowEnrolment(t *testing.T) {
+	ns := newNetns(t)
+	ts, z, p := startProxiedServer(t, false)
+	wantCalls(t, "startup probe", p.takeCalls(), "reconcile 0")
+
+	sa := "web-sa"
+	resp, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "pod-1", PodName: "web", PodNamespace: "shop",
+		NetnsPath: ns.path, PodIps: []string{"10.244.0.9", "fd00::9"}, ServiceAccount: &sa})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCalls(t, "probe", p.takeCalls(), "add pod-1 [10.244.0.9 fd00::9]")
+	// The pod is in the snapshot source before the proxy is told, so a
+	// proxy connecting in between misses nothing.
+	wantCalls(t, "zds", z.takeCalls(), "add pod-1 listed=true")
+	if got := resp.GetPod().GetZdsState(); got != "pending" {
+		t.Errorf("AddPod reply zds_state %q, want pending", got)
+	}
+	zp := z.pods["pod-1"]
+	if zp.Name != "web" || zp.Namespace != "shop" || zp.ServiceAccount != "web-sa" || zp.NetnsPath != ns.path || zp.NetnsID.String() != resp.GetPod().GetNetnsId() {
+		t.Errorf("the proxy was told %+v; want the record's name, namespace, service account, path and id (%s)", zp, resp.GetPod().GetNetnsId())
+	}
+	pods, err := ts.srv.ZDSPods()
+	if err != nil || len(pods) != 1 || pods[0] != zp {
+		t.Errorf("ZDSPods = %+v, %v; want the one pod as sent", pods, err)
+	}
+
+	z.ack("pod-1")
+	if got := ts.get(t, "pod-1").GetPod().GetZdsState(); got != "acked" {
+		t.Errorf("GetPod zds_state %q, want acked", got)
+	}
+	list, err := ts.api.ListPods(ctxT(t), &nftredirv1.ListPodsRequest{})
+	if err != nil || len(list.Pods) != 1 || list.Pods[0].GetZdsState() != "acked" {
+		t.Errorf("ListPods = %v, %v; want zds_state acked", list, err)
+	}
+	// A repeat that changes nothing does not make the proxy rebuild the
+	// pod; the node table is re-asserted.
+	if _, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "pod-1", PodName: "web", PodNamespace: "shop",
+		NetnsPath: ns.path, PodIps: []string{"10.244.0.9", "fd00::9"}, ServiceAccount: &sa}); err != nil {
+		t.Fatal(err)
+	}
+	wantCalls(t, "zds after a repeat", z.takeCalls())
+	wantCalls(t, "probe after a repeat", p.takeCalls(), "add pod-1 [10.244.0.9 fd00::9]")
+
+	if _, err := ts.srv.Reconcile(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	wantCalls(t, "probe after reconcile", p.takeCalls(), "reconcile 1")
+	if got := p.reconcile["pod-1"]; len(got) != 2 {
+		t.Errorf("reconcile gave the node table %v for pod-1", got)
+	}
+
+	if _, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "pod-1"}); err != nil {
+		t.Fatal(err)
+	}
+	wantCalls(t, "probe after remove", p.takeCalls(), "remove pod-1")
+	// Gone from the snapshot source before the proxy is told.
+	wantCalls(t, "zds after remove", z.takeCalls(), "del pod-1 listed=false")
+	// An unknown pod: nothing to tell anyone.
+	if _, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "pod-1"}); err != nil {
+		t.Fatal(err)
+	}
+	wantCalls(t, "zds after a second remove", z.takeCalls())
+	wantCalls(t, "probe after a second remove", p.takeCalls())
+}
+
+func TestReconcileDropTellsProxies(t *testing.T) {
+	ns := newNetns(t)
+	ts, z, p := startProxiedServer(t, false)
+	ts.mustAdd(t, "pod-1", ns.path)
+	z.takeCalls()
+	p.takeCalls()
+	ns.del(t)
+	res, err := ts.srv.Reconcile(ctxT(t))
+	if err != nil || res.Dropped != 1 {
+		t.Fatalf("Reconcile = %+v, %v; want one drop", res, err)
+	}
+	wantCalls(t, "probe", p.takeCalls(), "remove pod-1", "reconcile 0")
+	wantCalls(t, "zds", z.takeCalls(), "del pod-1 listed=false")
+}
+
+func TestRequireAckFailureKeepsThePodEnrolled(t *testing.T) {
+	ns := newNetns(t)
+	ts, z, _ := startProxiedServer(t, true)
+	z.waitErr = zds.ErrNoProxy
+	_, err := ts.add(t, "pod-1", ns.path)
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "pod pod-1 is captured but the node proxy has not taken it") ||
+		!strings.Contains(err.Error(), zds.ErrNoProxy.Error()) || !strings.Contains(err.Error(), "retry AddPod") {
+		t.Fatalf("AddPod without an ack: %v; want Unavailable saying the pod is captured and to retry", err)
+	}
+	got := ts.get(t, "pod-1")
+	if got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC || got.GetPod().GetZdsState() != "no proxy connected" {
+		t.Errorf("after the failed wait: %v, zds_state %q; want IN_SYNC and no proxy connected", got.SyncStatus, got.GetPod().GetZdsState())
+	}
+	// The retry the error asks for waits again, and succeeds once acked.
+	z.waitErr = nil
+	resp, err := ts.add(t, "pod-1", ns.path)
+	if err != nil || resp.GetPod().GetZdsState() != "acked" {
+		t.Fatalf("retried AddPod: %v, %v; want OK and acked", resp, err)
+	}
+	wantCalls(t, "zds", z.takeCalls(), "addwait pod-1 listed=true", "addwait pod-1 listed=true")
+	// Acked and unchanged: a repeat does not wait for the proxy again.
+	if _, err := ts.add(t, "pod-1", ns.path); err != nil {
+		t.Fatal(err)
+	}
+	wantCalls(t, "zds after a repeat", z.takeCalls())
+}
+
+func TestFailedAddTellsTheProxyToForgetThePod(t *testing.T) {
+	ns := newNetns(t)
+	z, p := newFakeZDS(), &fakeProbe{}
+	ts := startServer(t, true, withApplier(&failingApplier{Applier: nft.NewNetlink(), pod: "pod-1"}), func(c *Config) { c.ZDS, c.Probe = z, p })
+	z.srv = ts.srv
+	p.takeCalls()
+	if _, err := ts.add(t, "pod-1", ns.path); err == nil {
+		t.Fatal("AddPod succeeded with a failing applier")
+	}
+	// A proxy that connected while the record existed may hold the pod.
+	wantCalls(t, "zds", z.takeCalls(), "del pod-1 listed=false")
+	wantCalls(t, "probe", p.takeCalls())
+}
+
+func TestBeforeServing(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	ts := startServer(t, false, func(c *Config) {
+		c.BeforeServing = func(context.Context) error {
+			close(entered)
+			<-release
+			return nil
+		}
+	})
+	<-entered
+	resp, err := ts.health.Check(ctxT(t), &healthgrpc.HealthCheckRequest{Service: ServiceName})
+	if err != nil || resp.Status != healthgrpc.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("health while BeforeServing runs: %v, %v; want NOT_SERVING", resp, err)
+	}
+	close(release)
+	ts.waitServing(t)
+
+	failing := errors.New("no ZDS socket")
+	srv, err := New(Config{Guard: ts.srv.guard, Applier: ts.srv.applier, StateDir: t.TempDir(), ReconcileInterval: -1,
+		BeforeServing: func(context.Context) error { return failing }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("unix", filepath.Join(t.TempDir(), "s.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Run(context.Background(), lis, 0); !errors.Is(err, failing) {
+		t.Errorf("Run with a failing BeforeServing: %v, want it to fail with %v", err, failing)
+	}
+	if srv.ready.Load() {
+		t.Error("SERVING although BeforeServing failed")
+	}
+}
+
+func TestNewRejectsRequireAckWithoutZDS(t *testing.T) {
+	requirePrivileged(t)
+	guard, err := netns.NewGuard()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = New(Config{Guard: guard, Applier: nft.NewNetlink(), StateDir: t.TempDir(), ZDSRequireAck: true})
+	if err == nil || !strings.Contains(err.Error(), "ZDSRequireAck without ZDS") {
+		t.Errorf("New with ZDSRequireAck and no ZDS: %v", err)
+	}
+}
