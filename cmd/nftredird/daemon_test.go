@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
@@ -153,27 +152,26 @@ func TestDaemonLifecycle(t *testing.T) {
 
 func TestSocketDirChecks(t *testing.T) {
 	requirePrivileged(t)
-	log := hclog.NewNullLogger()
 	dir := t.TempDir()
 	open := filepath.Join(dir, "open")
 	if err := os.Mkdir(open, 0o777); err != nil {
 		t.Fatal(err)
 	}
 	os.Chmod(open, 0o777)
-	if _, err := listenSocket(filepath.Join(open, "s.sock"), 0, log); err == nil || !strings.Contains(err.Error(), "world-writable") {
+	if _, err := listenSocket(filepath.Join(open, "s.sock"), 0); err == nil || !strings.Contains(err.Error(), "writable by group or others") {
 		t.Errorf("world-writable dir: %v", err)
 	}
 	foreign := filepath.Join(dir, "foreign")
 	os.Mkdir(foreign, 0o750)
 	os.Chown(foreign, 1000, 1000)
-	if _, err := listenSocket(filepath.Join(foreign, "s.sock"), 0, log); err == nil || !strings.Contains(err.Error(), "owned by uid 1000") {
+	if _, err := listenSocket(filepath.Join(foreign, "s.sock"), 0); err == nil || !strings.Contains(err.Error(), "owned by uid 1000") {
 		t.Errorf("foreign dir: %v", err)
 	}
 	own := filepath.Join(dir, "own")
 	os.Mkdir(own, 0o750)
 	notSock := filepath.Join(own, "s.sock")
 	os.WriteFile(notSock, nil, 0o600)
-	if _, err := listenSocket(notSock, 0, log); err == nil || !strings.Contains(err.Error(), "not a socket") {
+	if _, err := listenSocket(notSock, 0); err == nil || !strings.Contains(err.Error(), "not a socket") {
 		t.Errorf("regular file at the socket path: %v", err)
 	}
 	if _, err := os.Stat(notSock); err != nil {
@@ -181,7 +179,7 @@ func TestSocketDirChecks(t *testing.T) {
 	}
 	link := filepath.Join(dir, "link")
 	os.Symlink(own, link)
-	if _, err := listenSocket(filepath.Join(link, "x.sock"), 0, log); err == nil || !strings.Contains(err.Error(), "not a directory") {
+	if _, err := listenSocket(filepath.Join(link, "x.sock"), 0); err == nil || !strings.Contains(err.Error(), "not a directory") {
 		t.Errorf("symlinked dir: %v", err)
 	}
 }

@@ -164,7 +164,7 @@ func serve(opts *options, root hclog.Logger) error {
 	if err != nil {
 		return err
 	}
-	lis, err := listenSocket(opts.socket, opts.socketGroup, root)
+	lis, err := listenSocket(opts.socket, opts.socketGroup)
 	if err != nil {
 		return err
 	}
