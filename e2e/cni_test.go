@@ -13,18 +13,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/google/go-cmp/cmp"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/nftredir/nftredir/client"
 	"github.com/nftredir/nftredir/internal/nstest"
@@ -62,22 +57,18 @@ type cniWorld struct {
 	dir       string
 	cniPath   string // CNI_PATH: bridge, host-local, loopback, nftredir-cni
 	plugin    string // the nftredir-cni binary
-	daemon    string // the nftredird binary
 	cnitool   string
 	node      *nstest.Netns
 	net       string
 	bridge    string
 	subnet    netip.Prefix
 	gateway   netip.Addr
-	socket    string
-	stateDir  string
+	daemon    *nftredird
+	socket    string // the daemon's
 	dataDir   string // nftredir-cni attachment records
 	pluginLog string
-	daemonLog string
 	netconf   string // NETCONFPATH
 	varLib    string // /var/lib as cnitool sees it
-	proc      *exec.Cmd
-	exited    chan struct{}
 	client    *client.Client
 }
 
@@ -96,30 +87,24 @@ func TestCNI(t *testing.T) {
 
 func newCNIWorld(t *testing.T) *cniWorld {
 	t.Helper()
-	repo, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
+	bins := binaries(t)
 	w := &cniWorld{dir: t.TempDir()}
+	// On failure, the plugin's log is printed too (startDaemon prints the
+	// daemon's).
 	t.Cleanup(func() {
 		if t.Failed() {
-			for _, f := range []string{w.daemonLog, w.pluginLog} {
-				if b, err := os.ReadFile(f); err == nil {
-					t.Logf("%s:\n%s", f, b)
-				}
+			if b, err := os.ReadFile(w.pluginLog); err == nil {
+				t.Logf("%s:\n%s", w.pluginLog, b)
 			}
 		}
 	})
-	bin := filepath.Join(w.dir, "bin")
 	w.cniPath = filepath.Join(w.dir, "cni-bin")
-	for _, d := range []string{bin, w.cniPath} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
+	if err := os.MkdirAll(w.cniPath, 0o755); err != nil {
+		t.Fatal(err)
 	}
-	w.cnitool = filepath.Join(repo, "bin", "cnitool")
+	w.cnitool = filepath.Join(bins.Repo, "bin", "cnitool")
 	for _, tool := range []string{"cnitool", "bridge", "host-local", "loopback"} {
-		p := filepath.Join(repo, "bin", tool)
+		p := filepath.Join(bins.Repo, "bin", tool)
 		if _, err := os.Stat(p); err != nil {
 			t.Fatalf("%s is missing: %v; run hack/deps.sh (make deps) to install the reference CNI tools", p, err)
 		}
@@ -129,17 +114,7 @@ func newCNIWorld(t *testing.T) *cniWorld {
 			}
 		}
 	}
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	build := exec.Command(goBin, "build", "-o", bin+"/", "./cmd/nftredir-cni", "./cmd/nftredird")
-	build.Dir = repo
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	w.plugin = filepath.Join(bin, "nftredir-cni")
-	w.daemon = filepath.Join(bin, "nftredird")
+	w.plugin = bins.CNI
 	if err := os.Symlink(w.plugin, filepath.Join(w.cniPath, "nftredir-cni")); err != nil {
 		t.Fatal(err)
 	}
@@ -151,11 +126,8 @@ func newCNIWorld(t *testing.T) *cniWorld {
 	r := cniRandBytes(2)
 	w.subnet = netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 100 + r[0]%100, r[1], 0}), 24)
 	w.gateway = w.subnet.Addr().Next()
-	w.socket = filepath.Join(w.dir, "run", "nftredir.sock")
-	w.stateDir = filepath.Join(w.dir, "state")
 	w.dataDir = filepath.Join(w.dir, "cni-data")
 	w.pluginLog = filepath.Join(w.dir, "nftredir-cni.log")
-	w.daemonLog = filepath.Join(w.dir, "nftredird.log")
 	w.netconf = filepath.Join(w.dir, "net.d")
 	w.varLib = filepath.Join(w.dir, "var-lib")
 	for _, d := range []string{w.netconf, filepath.Join(w.varLib, "cni")} {
@@ -163,16 +135,20 @@ func newCNIWorld(t *testing.T) *cniWorld {
 			t.Fatal(err)
 		}
 	}
+
+	// nftredird runs in the machine's namespace (it only ever enters pod
+	// namespaces, by fd), told to protect the node namespace as its own.
+	w.daemon = startDaemon(t, daemonOpts{dir: w.dir, args: []string{
+		"--protect-netns", w.node.Path,
+		// Never the machine's own ruleset, nor /var/run/ztunnel.
+		"--probe-snat=false",
+		"--zds-socket=",
+	}})
+	w.socket = w.daemon.socket
+	w.client = w.daemon.client(t)
+
 	w.writeConflist(t, w.net, cniPodIP0, w.pluginConf(nil))
 	w.writeConflist(t, w.net+"-plain", cniPlainIP0)
-
-	w.startDaemon(t)
-	t.Cleanup(func() { w.stopDaemon(t) })
-	w.client, err = client.Dial(t.Context(), w.socket, client.WithTimeout(10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { w.client.Close() })
 	return w
 }
 
@@ -238,86 +214,11 @@ func (w *cniWorld) pluginConf(extra map[string]any) map[string]any {
 	return c
 }
 
-// startDaemon runs nftredird in the machine's namespace (it only ever
-// enters pod namespaces, by fd) and waits until it serves.
-func (w *cniWorld) startDaemon(t *testing.T) {
-	t.Helper()
-	logf, err := os.OpenFile(w.daemonLog, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	cmd := exec.Command(w.daemon,
-		"--socket", w.socket,
-		"--state-dir", w.stateDir,
-		"--log-format", "text",
-		"--log-level", "debug",
-		"--protect-netns", w.node.Path,
-		// Never the machine's own ruleset, nor /var/run/ztunnel.
-		"--probe-snat=false",
-		"--zds-socket=",
-	)
-	// The daemon reads NFTREDIR_* variables as flags; the test's own
-	// (NFTREDIR_SKIP_PRIVILEGED) must not reach it.
-	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "NFTREDIR_") })
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start nftredird: %v", err)
-	}
-	w.proc = cmd
-	w.exited = make(chan struct{})
-	go func(done chan struct{}) { cmd.Wait(); close(done) }(w.exited)
-
-	// Not t.Context(): this also runs from cleanups, after it is cancelled.
-	cl, err := client.Dial(context.Background(), w.socket, client.WithRetry(1, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		h, err := cl.Health(ctx)
-		cancel()
-		if err == nil && h.Serving() {
-			return
-		}
-		select {
-		case <-w.exited:
-			t.Fatalf("nftredird exited during startup (%v); its log is %s", cmd.ProcessState, w.daemonLog)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nftredird not serving after 15s (last: %v %v)", h, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// stopDaemon stops it the way an operator does (SIGTERM), killing it
-// if it does not go.
-func (w *cniWorld) stopDaemon(t *testing.T) {
-	t.Helper()
-	if w.proc == nil {
-		return
-	}
-	pid := w.proc.Process.Pid
-	syscall.Kill(-pid, syscall.SIGTERM)
-	select {
-	case <-w.exited:
-	case <-time.After(15 * time.Second):
-		t.Errorf("nftredird (pid %d) ignored SIGTERM for 15s; killing it", pid)
-		syscall.Kill(-pid, syscall.SIGKILL)
-		<-w.exited
-	}
-	w.proc = nil
-}
-
+// ensureDaemon starts the daemon again if a test stopped it.
 func (w *cniWorld) ensureDaemon(t *testing.T) {
 	t.Helper()
-	if w.proc == nil {
-		w.startDaemon(t)
+	if w.daemon.cmd == nil {
+		w.daemon.start(t)
 	}
 }
 
@@ -421,32 +322,6 @@ func cniError(t *testing.T, stdout string) types.Error {
 	return e
 }
 
-func (w *cniWorld) podRecord(t *testing.T, uid string) *nftredirv1.GetPodResponse {
-	t.Helper()
-	resp, err := w.client.GetPod(t.Context(), uid)
-	if status.Code(err) == codes.NotFound {
-		return nil
-	}
-	if err != nil {
-		t.Fatalf("GetPod %s: %v", uid, err)
-	}
-	return resp
-}
-
-func (w *cniWorld) enrolled(t *testing.T) []string {
-	t.Helper()
-	pods, err := w.client.ListPods(t.Context())
-	if err != nil {
-		t.Fatalf("ListPods: %v", err)
-	}
-	var uids []string
-	for _, p := range pods {
-		uids = append(uids, p.GetPodUid())
-	}
-	slices.Sort(uids)
-	return uids
-}
-
 func hasTable(t *testing.T, p *cniPod) bool {
 	t.Helper()
 	out := p.Run(t, "nft", "list", "tables")
@@ -534,9 +409,9 @@ func (w *cniWorld) testAddCheckDel(t *testing.T) {
 	}
 
 	// Enrolled, in sync, under the pod UID, with the pod's address.
-	got := w.podRecord(t, p.uid)
+	got := getPod(t, w.client, p.uid)
 	if got == nil {
-		t.Fatalf("pod %s not enrolled after cnitool add; enrolled: %v", p.uid, w.enrolled(t))
+		t.Fatalf("pod %s not enrolled after cnitool add; enrolled: %v", p.uid, listUIDs(t, w.client))
 	}
 	if got.GetSyncStatus() != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC {
 		t.Errorf("sync status %s: %s", got.GetSyncStatus(), got.GetDetail())
@@ -561,8 +436,7 @@ func (w *cniWorld) testAddCheckDel(t *testing.T) {
 		t.Errorf("cnitool check failed without saying the rules are absent: %s", errOut)
 	}
 	// ...and repaired by the daemon's reconcile, here the one at start.
-	w.stopDaemon(t)
-	w.startDaemon(t)
+	w.daemon.restart(t)
 	w.mustCnitool(t, "check", w.net, p)
 	w.expectCaptured(t, p, rec, addr)
 
@@ -577,7 +451,7 @@ func (w *cniWorld) testAddCheckDel(t *testing.T) {
 	if rules := p.IP(t, "rule", "show"); strings.Contains(rules, "fwmark") {
 		t.Errorf("ip rules survived cnitool del:\n%s", rules)
 	}
-	if uids := w.enrolled(t); len(uids) != 0 {
+	if uids := listUIDs(t, w.client); len(uids) != 0 {
 		t.Errorf("records after cnitool del: %v", uids)
 	}
 	if files, _ := filepath.Glob(filepath.Join(w.dataDir, w.net, "*")); len(files) != 0 {
@@ -607,7 +481,7 @@ func (w *cniWorld) testDelAfterNetnsGone(t *testing.T) {
 	w.ensureDaemon(t)
 	p := w.newPod(t)
 	w.mustCnitool(t, "add", w.net, p)
-	if w.podRecord(t, p.uid) == nil {
+	if getPod(t, w.client, p.uid) == nil {
 		t.Fatal("not enrolled")
 	}
 	if out, err := exec.Command("ip", "netns", "del", p.Name).CombinedOutput(); err != nil {
@@ -618,7 +492,7 @@ func (w *cniWorld) testDelAfterNetnsGone(t *testing.T) {
 			t.Fatalf("cnitool del #%d with the namespace gone: %v\n%s%s", i+1, err, out, errOut)
 		}
 	}
-	if w.podRecord(t, p.uid) != nil {
+	if getPod(t, w.client, p.uid) != nil {
 		t.Error("record survived DEL")
 	}
 }
@@ -626,7 +500,7 @@ func (w *cniWorld) testDelAfterNetnsGone(t *testing.T) {
 func (w *cniWorld) testAddWithoutDaemon(t *testing.T) {
 	w.ensureDaemon(t)
 	p := w.newPod(t)
-	w.stopDaemon(t)
+	w.daemon.stop(t)
 	t.Cleanup(func() { w.ensureDaemon(t) })
 
 	out, errOut, err := w.runCnitool("add", w.net, p)
@@ -659,8 +533,8 @@ func (w *cniWorld) testAddWithoutDaemon(t *testing.T) {
 	if files, _ := filepath.Glob(filepath.Join(w.dataDir, w.net, "*")); len(files) != 0 {
 		t.Errorf("attachment records after failed ADDs: %v", files)
 	}
-	w.startDaemon(t)
-	if w.podRecord(t, p.uid) != nil {
+	w.daemon.start(t)
+	if getPod(t, w.client, p.uid) != nil {
 		t.Error("the daemon has a record of the pod whose ADD failed")
 	}
 	// The runtime deletes what the failed ADD left (bridge's veth, the
@@ -676,7 +550,7 @@ func (w *cniWorld) testStatus(t *testing.T) {
 		t.Fatalf("plugin STATUS with the daemon serving: %v %s", err, stdout)
 	}
 
-	w.stopDaemon(t)
+	w.daemon.stop(t)
 	t.Cleanup(func() { w.ensureDaemon(t) })
 	if out, errOut, err := w.runCnitool("status", w.net, p); err == nil {
 		t.Errorf("cnitool status passed with the daemon stopped: %s%s", out, errOut)
@@ -688,7 +562,7 @@ func (w *cniWorld) testStatus(t *testing.T) {
 	if e := cniError(t, stdout); e.Code != 50 || !strings.Contains(e.Msg, w.socket) {
 		t.Errorf("STATUS printed code %d %q; want 50 naming the socket", e.Code, e.Msg)
 	}
-	w.startDaemon(t)
+	w.daemon.start(t)
 	w.mustCnitool(t, "status", w.net, p)
 }
 
@@ -714,7 +588,7 @@ func (w *cniWorld) testGC(t *testing.T) {
 	}
 	want := []string{foreignUID, keep.uid}
 	slices.Sort(want)
-	if diff := cmp.Diff(want, w.enrolled(t)); diff != "" {
+	if diff := cmp.Diff(want, listUIDs(t, w.client)); diff != "" {
 		t.Errorf("enrolled after GC (-want +got):\n%s", diff)
 	}
 	if hasTable(t, stale) {
@@ -730,7 +604,7 @@ func (w *cniWorld) testGC(t *testing.T) {
 	if err != nil {
 		t.Fatalf("plugin GC: %v %s", err, stdout)
 	}
-	if diff := cmp.Diff([]string{foreignUID}, w.enrolled(t)); diff != "" {
+	if diff := cmp.Diff([]string{foreignUID}, listUIDs(t, w.client)); diff != "" {
 		t.Errorf("enrolled after GC with nothing valid (-want +got):\n%s", diff)
 	}
 }
@@ -834,7 +708,7 @@ func (w *cniWorld) addCheckDel(t *testing.T, network string) {
 	p := w.newPod(t)
 	t.Cleanup(func() { w.runCnitool("del", network, p) })
 	w.mustCnitool(t, "add", network, p)
-	got := w.podRecord(t, p.uid)
+	got := getPod(t, w.client, p.uid)
 	if got == nil || got.GetSyncStatus() != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC {
 		t.Fatalf("after cnitool add on %s: record %v", network, got)
 	}
@@ -843,7 +717,7 @@ func (w *cniWorld) addCheckDel(t *testing.T, network string) {
 	}
 	w.mustCnitool(t, "check", network, p)
 	w.mustCnitool(t, "del", network, p)
-	if w.podRecord(t, p.uid) != nil || hasTable(t, p) {
+	if getPod(t, w.client, p.uid) != nil || hasTable(t, p) {
 		t.Error("pod still enrolled after cnitool del")
 	}
 }

@@ -129,14 +129,16 @@ func (d *nftredird) start(t *testing.T) {
 // startup reconcile.
 func (d *nftredird) waitServing(t *testing.T) {
 	t.Helper()
-	c, err := client.Dial(t.Context(), d.socket, client.WithRetry(1, 0))
+	// Not t.Context(): a test may start the daemon again from a cleanup
+	// (TestCNI does), when that is already cancelled.
+	c, err := client.Dial(context.Background(), d.socket, client.WithRetry(1, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	deadline := time.Now().Add(daemonStartTimeout)
 	for {
-		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		h, err := c.Health(ctx)
 		cancel()
 		if err == nil && h.Serving() {

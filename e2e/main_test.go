@@ -9,6 +9,8 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+
+	"github.com/nftredir/nftredir/internal/nstest"
 )
 
 // grpcurlTranscript, when set, makes TestDaemonGrpcurl write its session as
@@ -22,7 +24,7 @@ var binDir string
 
 func TestMain(m *testing.M) {
 	// The probe SNAT test re-executes this binary as another uid to dial.
-	if code, ok := runDialChild(); ok {
+	if code, ok := nstest.RunDialChild(); ok {
 		os.Exit(code)
 	}
 	flag.Parse()
@@ -47,6 +49,8 @@ func TestMain(m *testing.M) {
 // working tree.
 type Binaries struct {
 	Daemon, Ctl string
+	// CNI is the nftredir-cni plugin.
+	CNI string
 	// Grpcurl is the pinned grpcurl that hack/deps.sh installs.
 	Grpcurl string
 	Repo    string
@@ -57,8 +61,8 @@ var (
 	buildErr  error
 )
 
-// binaries builds nftredird and nftredirctl on first use and returns their
-// paths.
+// binaries builds nftredird, nftredirctl and nftredir-cni on first use and
+// returns their paths.
 func binaries(t testing.TB) Binaries {
 	t.Helper()
 	repo, err := filepath.Abs("..")
@@ -70,10 +74,10 @@ func binaries(t testing.TB) Binaries {
 		if err != nil {
 			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
 		}
-		cmd := exec.Command(goBin, "build", "-o", binDir+"/", "./cmd/nftredird", "./cmd/nftredirctl")
+		cmd := exec.Command(goBin, "build", "-o", binDir+"/", "./cmd/nftredird", "./cmd/nftredirctl", "./cmd/nftredir-cni")
 		cmd.Dir = repo
 		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/nftredird ./cmd/nftredirctl: %v\n%s", err, out)
+			buildErr = fmt.Errorf("go build ./cmd/nftredird ./cmd/nftredirctl ./cmd/nftredir-cni: %v\n%s", err, out)
 		}
 	})
 	if buildErr != nil {
@@ -82,6 +86,7 @@ func binaries(t testing.TB) Binaries {
 	return Binaries{
 		Daemon:  filepath.Join(binDir, "nftredird"),
 		Ctl:     filepath.Join(binDir, "nftredirctl"),
+		CNI:     filepath.Join(binDir, "nftredir-cni"),
 		Grpcurl: filepath.Join(repo, "bin", "grpcurl"),
 		Repo:    repo,
 	}

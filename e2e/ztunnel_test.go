@@ -1,21 +1,15 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -38,105 +32,6 @@ const (
 
 // nodeTable is the daemon's table in the node namespace (probe/README.md).
 const nodeTable = "nftredir-node"
-
-// Environment of the dialling child: the test binary re-executed under
-// another uid, because the probe SNAT rule matches the socket's owner.
-const (
-	dialChildAddrEnv  = "NFTREDIR_E2E_DIAL_ADDR"
-	dialChildTokenEnv = "NFTREDIR_E2E_DIAL_TOKEN"
-)
-
-// runDialChild is the child's whole life when the test binary was started
-// as one: connect, speak the nstest listener protocol (a token line out,
-// the listener's name back), print the name. It reports whether it ran.
-func runDialChild() (int, bool) {
-	to := os.Getenv(dialChildAddrEnv)
-	if to == "" {
-		return 0, false
-	}
-	c, err := net.DialTimeout("tcp", to, nstest.DefaultTimeout)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1, true
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(nstest.DefaultTimeout))
-	if _, err := io.WriteString(c, os.Getenv(dialChildTokenEnv)+"\n"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1, true
-	}
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1, true
-	}
-	fmt.Print(line)
-	return 0, true
-}
-
-var (
-	dialChildOnce sync.Once
-	dialChildBin  string
-	dialChildErr  error
-)
-
-// dialChildBinary copies the test binary into binDir, which every uid can
-// traverse; the build directory is root's alone.
-func dialChildBinary(t *testing.T) string {
-	t.Helper()
-	dialChildOnce.Do(func() {
-		self, err := os.Executable()
-		if err != nil {
-			dialChildErr = err
-			return
-		}
-		data, err := os.ReadFile(self)
-		if err != nil {
-			dialChildErr = err
-			return
-		}
-		bin := filepath.Join(binDir, "e2e-dial")
-		if dialChildErr = os.WriteFile(bin, data, 0o755); dialChildErr == nil {
-			dialChildBin = bin
-		}
-	})
-	if dialChildErr != nil {
-		t.Fatalf("copy the test binary for the dialling child: %v", dialChildErr)
-	}
-	return dialChildBin
-}
-
-// dialAs connects from inside ns as uid and returns the record of the
-// listener that answered. The child is forked from a thread inside ns, so
-// it starts there, without the privileges to move.
-func dialAs(t *testing.T, ns *nstest.Netns, rec *nstest.Recorder, uid uint32, to netip.AddrPort) nstest.Record {
-	t.Helper()
-	bin := dialChildBinary(t)
-	b := make([]byte, 8)
-	rand.Read(b)
-	token := hex.EncodeToString(b)
-	var out []byte
-	err := ns.Do(func() error {
-		cmd := exec.Command(bin)
-		cmd.Env = []string{dialChildAddrEnv + "=" + to.String(), dialChildTokenEnv + "=" + token}
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		var err error
-		if out, err = cmd.Output(); err != nil {
-			return fmt.Errorf("%w: %s", err, stderr.String())
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("dial %s as uid %d from %s: %v", to, uid, ns.Name, err)
-	}
-	r, ok := rec.Lookup(token)
-	if !ok || r.Listener != strings.TrimSpace(string(out)) {
-		t.Fatalf("dial %s as uid %d: reply %q has no matching record (%v)", to, uid, out, r)
-	}
-	return r
-}
 
 // nodeSetElemsRE matches the elements of one set in `nft list table`, and
 // nodeElemRE one element with its comment.
@@ -232,6 +127,8 @@ func TestZtunnel(t *testing.T) {
 	rec := nstest.NewRecorder()
 	nstest.StartProxy(t, podA, rec, nstest.DefaultProxyPorts)
 	nstest.StartTCP(t, podA, rec, "app", 8080)
+	// Dials as the kubelet and as another uid, for the probe SNAT.
+	dialer := nstest.DialChildBinary(t)
 	podB, podC := nstest.NewNetns(t), nstest.NewNetns(t)
 	const uidA, uidB, uidC = "zt-pod-a", "zt-pod-b", "zt-pod-c"
 	// B claims A's IPv4 address too (an IP reused before the old pod was
@@ -320,11 +217,11 @@ func TestZtunnel(t *testing.T) {
 		for _, a := range ipsA {
 			fam := nstest.Family(a.Is6())
 			to := netip.AddrPortFrom(a, 8080)
-			r := dialAs(t, node, rec, ztKubeletUID, to)
+			r := node.DialAs(t, dialer, rec, ztKubeletUID, to)
 			if r.Listener != "app" || r.Remote.Addr() != fam.Probe {
 				t.Errorf("kubelet (uid %d) to %s: got %v; want the app, from the probe source %s", ztKubeletUID, to, r, fam.Probe)
 			}
-			r = dialAs(t, node, rec, ztOtherUID, to)
+			r = node.DialAs(t, dialer, rec, ztOtherUID, to)
 			if r.Listener != nstest.ProxyInbound || r.Remote.Addr() != fam.Peer {
 				t.Errorf("uid %d to %s: got %v; want captured by %s from the node address %s", ztOtherUID, to, r, nstest.ProxyInbound, fam.Peer)
 			}
@@ -351,7 +248,7 @@ func TestZtunnel(t *testing.T) {
 			t.Errorf("node table after RemovePod %s: %v; want %v (the shared address handed back to %s)", uidB, elems, want, uidA)
 		}
 		to := netip.AddrPortFrom(nstest.V4.Pod, 8080)
-		if r := dialAs(t, node, rec, ztKubeletUID, to); r.Listener != "app" || r.Remote.Addr() != nstest.V4.Probe {
+		if r := node.DialAs(t, dialer, rec, ztKubeletUID, to); r.Listener != "app" || r.Remote.Addr() != nstest.V4.Probe {
 			t.Errorf("kubelet to %s after RemovePod %s: got %v; want the app from the probe source", to, uidB, r)
 		}
 	}
@@ -364,7 +261,7 @@ func TestZtunnel(t *testing.T) {
 			return ok && elems[nstest.V4.Pod.String()] == uidA
 		})
 		to := netip.AddrPortFrom(nstest.V4.Pod, 8080)
-		if r := dialAs(t, node, rec, ztKubeletUID, to); r.Listener != "app" || r.Remote.Addr() != nstest.V4.Probe {
+		if r := node.DialAs(t, dialer, rec, ztKubeletUID, to); r.Listener != "app" || r.Remote.Addr() != nstest.V4.Probe {
 			t.Errorf("kubelet to %s after the repair: got %v; want the app from the probe source", to, r)
 		}
 	}

@@ -20,6 +20,7 @@ import (
 	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/nftredir/nftredir/internal/nstest"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
@@ -55,16 +56,6 @@ func dialHelper(sock string) int {
 	return 0
 }
 
-func requirePrivileged(t *testing.T) {
-	t.Helper()
-	if os.Getenv("NFTREDIR_SKIP_PRIVILEGED") == "1" {
-		t.Skip("NFTREDIR_SKIP_PRIVILEGED=1")
-	}
-	if os.Geteuid() != 0 {
-		t.Fatal("server tests create network namespaces and nftables tables in them, so they must run as root; run as root or set NFTREDIR_SKIP_PRIVILEGED=1 to skip them")
-	}
-}
-
 func run(t *testing.T, name string, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(name, args...).CombinedOutput()
@@ -82,7 +73,7 @@ type testNetns struct {
 
 func newNetns(t *testing.T) *testNetns {
 	t.Helper()
-	requirePrivileged(t)
+	nstest.RequirePrivileged(t)
 	n := &testNetns{name: fmt.Sprintf("nftr-s-%08x", rand.Uint32())}
 	n.path = "/run/netns/" + n.name
 	n.create(t)
@@ -157,7 +148,7 @@ func withStateDir(d string) serverOpt     { return func(c *Config) { c.StateDir 
 // startServer runs a server and waits for it to serve unless wait is false.
 func startServer(t *testing.T, wait bool, opts ...serverOpt) *testServer {
 	t.Helper()
-	requirePrivileged(t)
+	nstest.RequirePrivileged(t)
 	dir := t.TempDir()
 	guard, err := netns.NewGuard()
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/nftredir/nftredir/internal/nstest"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
@@ -313,7 +314,7 @@ func TestBeforeServing(t *testing.T) {
 }
 
 func TestNewRejectsRequireAckWithoutZDS(t *testing.T) {
-	requirePrivileged(t)
+	nstest.RequirePrivileged(t)
 	guard, err := netns.NewGuard()
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/nftredir/nftredir/internal/nstest"
 	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
@@ -122,7 +123,7 @@ func TestRemovePodAfterNetnsDeleted(t *testing.T) {
 }
 
 func TestHostilePathsChangeNothing(t *testing.T) {
-	requirePrivileged(t)
+	nstest.RequirePrivileged(t)
 	ts := startServer(t, true)
 	dir := t.TempDir()
 	symlink := filepath.Join(dir, "host-link")
@@ -391,7 +392,7 @@ func TestWatchPods(t *testing.T) {
 }
 
 func TestPeerCredentialDenial(t *testing.T) {
-	requirePrivileged(t)
+	nstest.RequirePrivileged(t)
 	// The helper runs as nobody: it needs a binary and a socket it can reach.
 	exe, err := os.Executable()
 	if err != nil {

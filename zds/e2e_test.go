@@ -18,6 +18,7 @@ import (
 
 	"github.com/nftredir/nftredir/internal/nstest"
 	"github.com/nftredir/nftredir/internal/standin"
+	"github.com/nftredir/nftredir/internal/zdstest"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 	"github.com/nftredir/nftredir/zds"
@@ -162,18 +163,18 @@ func TestStandInProxyEndToEnd(t *testing.T) {
 	f.src.put(podFor(uid, h))
 	h.Close()
 
-	p := dialPeer(t, f.path)
-	p.hello()
-	add := p.expect("add", uid)
-	ls, err := listenInNetns(add.fds[0], map[string]uint16{"proxy-inbound": 15006, "proxy-outbound": 15001, "proxy-hbone": 15008})
+	p := zdstest.Dial(t, f.path)
+	p.Hello()
+	add := p.Expect(zdstest.Add, uid)
+	ls, err := listenInNetns(add.Fds[0], map[string]uint16{"proxy-inbound": 15006, "proxy-outbound": 15001, "proxy-hbone": 15008})
 	if err != nil {
-		p.ack("failure to start proxy: " + err.Error())
+		p.Ack("failure to start proxy: " + err.Error())
 		t.Fatal(err)
 	}
 	serveProxy(t, ls)
-	p.ack("")
-	p.expect("snapshot_sent", "")
-	p.ack("")
+	p.Ack("")
+	p.Expect(zdstest.SnapshotSent, "")
+	p.Ack("")
 
 	families := []bool{false}
 	if nstest.HaveIPv6() {

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/zdstest"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/zds"
 )
@@ -165,13 +166,16 @@ func netnsID(t *testing.T, path string) netns.ID {
 	return h.ID()
 }
 
-func checkAdd(t *testing.T, r request, p zds.Pod) {
+// checkAdd checks that an add carries the pod's namespace and workload
+// info.
+func checkAdd(t *testing.T, r zdstest.Request, p zds.Pod) {
 	t.Helper()
-	if got := fdNetnsID(t, r.fds[0]); !got.SameFile(p.NetnsID) {
+	dev, ino := zdstest.NetnsOf(t, r.Fds[0])
+	if got := (netns.ID{Dev: dev, Ino: ino}); !got.SameFile(p.NetnsID) {
 		t.Errorf("add %s carries namespace %s, want the pod's %s", p.UID, got, p.NetnsID)
 	}
-	if r.name != p.Name || r.namespace != p.Namespace || r.svcAccount != p.ServiceAccount {
-		t.Errorf("add %s: workload info %q/%q/%q, want %q/%q/%q", p.UID, r.namespace, r.name, r.svcAccount, p.Namespace, p.Name, p.ServiceAccount)
+	if r.Name != p.Name || r.Namespace != p.Namespace || r.ServiceAccount != p.ServiceAccount {
+		t.Errorf("add %s: workload info %q/%q/%q, want %q/%q/%q", p.UID, r.Namespace, r.Name, r.ServiceAccount, p.Namespace, p.Name, p.ServiceAccount)
 	}
 }
 
@@ -201,36 +205,36 @@ func TestSnapshotThenAddAndDel(t *testing.T) {
 	if got := f.srv.State(a.UID); got != "no proxy connected" {
 		t.Errorf("State before any proxy = %q", got)
 	}
-	p := dialPeer(t, f.path)
-	p.hello()
+	p := zdstest.Dial(t, f.path)
+	p.Hello()
 	// The snapshot goes out in uid order, one ack each.
-	checkAdd(t, p.expect("add", a.UID), a)
-	p.ack("")
-	checkAdd(t, p.expect("add", b.UID), b)
-	p.ack("")
+	checkAdd(t, p.Expect(zdstest.Add, a.UID), a)
+	p.Ack("")
+	checkAdd(t, p.Expect(zdstest.Add, b.UID), b)
+	p.Ack("")
 	// A namespace that cannot be opened is kept, not dropped.
-	p.expect("keep", gone.UID)
-	p.ack("")
-	p.expect("snapshot_sent", "")
-	p.ack("")
+	p.Expect(zdstest.Keep, gone.UID)
+	p.Ack("")
+	p.Expect(zdstest.SnapshotSent, "")
+	p.Ack("")
 	f.waitState(a.UID, "acked")
 	f.waitState(b.UID, "acked")
 	f.waitState(gone.UID, "netns unavailable")
 
 	d := f.newPod("pod-d")
 	f.srv.PodAdded(d)
-	checkAdd(t, p.expect("add", d.UID), d)
-	p.ack("")
+	checkAdd(t, p.Expect(zdstest.Add, d.UID), d)
+	p.Ack("")
 	f.waitState(d.UID, "acked")
 
 	f.src.del(a.UID)
 	f.srv.PodRemoved(a.UID)
-	p.expect("del", a.UID)
-	p.ack("")
+	p.Expect(zdstest.Del, a.UID)
+	p.Ack("")
 	waitFor(t, "the del ack", func() bool { return f.srv.Stats().Acks == 6 })
 
 	// The server kept no namespace open: only the peer holds copies, and
-	// the cleanup of p.expect closes them at the end.
+	// the cleanup of p.Expect closes them at the end.
 	for _, pod := range []zds.Pod{a, b, d} {
 		if n := netnsFds(t, pod.NetnsID); n != 1 {
 			t.Errorf("%d fds open on %s's namespace, want 1 (the peer's)", n, pod.UID)
@@ -240,37 +244,37 @@ func TestSnapshotThenAddAndDel(t *testing.T) {
 
 func TestNackIsRetried(t *testing.T) {
 	f := newFixture(t, nil)
-	p := dialPeer(t, f.path)
-	if snap := p.handshake(); len(snap) != 0 {
+	p := zdstest.Dial(t, f.path)
+	if snap := p.Handshake(); len(snap) != 0 {
 		t.Fatalf("snapshot %v, want empty", snap)
 	}
 	a := f.newPod("pod-a")
 	f.srv.PodAdded(a)
-	p.expect("add", a.UID)
-	p.ack("failure to start proxy")
+	p.Expect(zdstest.Add, a.UID)
+	p.Ack("failure to start proxy")
 	f.waitState(a.UID, "nacked: failure to start proxy")
 	// The retry carries the namespace again.
-	checkAdd(t, p.expect("add", a.UID), a)
-	p.ack("")
+	checkAdd(t, p.Expect(zdstest.Add, a.UID), a)
+	p.Ack("")
 	f.waitState(a.UID, "acked")
 
 	// PodAddedWait reports the NACK, and the retry still happens.
 	b := f.newPod("pod-b")
 	res := make(chan error, 1)
 	go func() { res <- f.srv.PodAddedWait(context.Background(), b) }()
-	p.expect("add", b.UID)
-	p.ack("no space left")
+	p.Expect(zdstest.Add, b.UID)
+	p.Ack("no space left")
 	var nack *zds.NackError
 	if err := <-res; !errors.As(err, &nack) || nack.Message != "no space left" {
 		t.Errorf("PodAddedWait = %v, want the NACK", err)
 	}
-	p.expect("add", b.UID)
-	p.ack("")
+	p.Expect(zdstest.Add, b.UID)
+	p.Ack("")
 	f.waitState(b.UID, "acked")
 	// And once acked, PodAddedWait says so.
 	go func() { res <- f.srv.PodAddedWait(context.Background(), b) }()
-	p.expect("add", b.UID)
-	p.ack("")
+	p.Expect(zdstest.Add, b.UID)
+	p.Ack("")
 	if err := <-res; err != nil {
 		t.Errorf("PodAddedWait after an ack = %v", err)
 	}
@@ -281,15 +285,15 @@ func TestNackIsRetried(t *testing.T) {
 
 func TestStuckPeerDoesNotBlockOthers(t *testing.T) {
 	f := newFixture(t, func(c *zds.Config) { c.AckTimeout = 2 * time.Second })
-	old := dialPeer(t, f.path)
-	old.handshake()
-	stuck := dialPeer(t, f.path)
-	stuck.handshake()
+	old := zdstest.Dial(t, f.path)
+	old.Handshake()
+	stuck := zdstest.Dial(t, f.path)
+	stuck.Handshake()
 	f.waitConnected(2)
 
 	a := f.newPod("pod-a")
 	f.srv.PodAdded(a)
-	stuck.expect("add", a.UID) // and never acked
+	stuck.Expect(zdstest.Add, a.UID) // and never acked
 
 	// Neither PodAdded nor PodRemoved waits for the stuck proxy.
 	b := f.newPod("pod-b")
@@ -305,8 +309,8 @@ func TestStuckPeerDoesNotBlockOthers(t *testing.T) {
 		t.Fatal("PodAdded/PodRemoved blocked on a proxy that does not ack")
 	}
 	// The other connection is served meanwhile.
-	old.expect("del", "pod-x")
-	old.ack("")
+	old.Expect(zdstest.Del, "pod-x")
+	old.Ack("")
 	// A caller asking for the ack gets its own deadline, not a hang.
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
@@ -317,45 +321,45 @@ func TestStuckPeerDoesNotBlockOthers(t *testing.T) {
 		t.Errorf("State while unacked = %q, want pending", st)
 	}
 	// A missed ack costs the connection (later acks could not be matched).
-	stuck.expectClosed(5 * time.Second)
+	stuck.ExpectClosed(5 * time.Second)
 	f.waitConnected(1)
 	if st := f.srv.Stats(); st.AckTimeouts != 1 {
 		t.Errorf("stats %+v, want one ack timeout", st)
 	}
 	// The remaining proxy is the newest now and takes adds.
 	f.srv.PodAdded(b)
-	old.expect("add", b.UID)
-	old.ack("")
+	old.Expect(zdstest.Add, b.UID)
+	old.Ack("")
 	f.waitState(b.UID, "acked")
 }
 
 func TestReconnectGetsFreshSnapshot(t *testing.T) {
 	f := newFixture(t, func(c *zds.Config) { c.KeepaliveInterval = 50 * time.Millisecond })
 	a := f.newPod("pod-a")
-	p := dialPeer(t, f.path)
-	if snap := p.handshake(); len(snap) != 1 || snap[0].uid != a.UID {
+	p := zdstest.Dial(t, f.path)
+	if snap := p.Handshake(); len(snap) != 1 || snap[0].UID != a.UID {
 		t.Fatalf("first snapshot %v, want pod-a", snap)
 	}
 	b := f.newPod("pod-b")
 	f.srv.PodAdded(b)
-	p.expect("add", b.UID)
-	p.ack("")
+	p.Expect(zdstest.Add, b.UID)
+	p.Ack("")
 	f.src.del(a.UID)
 	f.srv.PodRemoved(a.UID)
-	p.expect("del", a.UID)
-	p.ack("")
-	p.c.Close()
+	p.Expect(zdstest.Del, a.UID)
+	p.Ack("")
+	p.Close()
 	f.waitConnected(0) // keepalive notices
 
 	c := f.newPod("pod-c")
-	p2 := dialPeer(t, f.path)
-	snap := p2.handshake()
+	p2 := zdstest.Dial(t, f.path)
+	snap := p2.Handshake()
 	var uids []string
 	for _, r := range snap {
-		if r.kind != "add" {
+		if r.Kind != zdstest.Add {
 			t.Errorf("snapshot has %v, want only adds", r)
 		}
-		uids = append(uids, r.uid)
+		uids = append(uids, r.UID)
 	}
 	if !slices.Equal(uids, []string{b.UID, c.UID}) {
 		t.Errorf("second snapshot %v, want [pod-b pod-c]", uids)
@@ -364,27 +368,27 @@ func TestReconnectGetsFreshSnapshot(t *testing.T) {
 
 func TestTwoProxiesAddToNewestDelToAll(t *testing.T) {
 	f := newFixture(t, nil)
-	old := dialPeer(t, f.path)
-	old.handshake()
+	old := zdstest.Dial(t, f.path)
+	old.Handshake()
 	f.waitConnected(1)
-	newer := dialPeer(t, f.path)
-	newer.handshake()
+	newer := zdstest.Dial(t, f.path)
+	newer.Handshake()
 	f.waitConnected(2)
 
 	a := f.newPod("pod-a")
 	f.srv.PodAdded(a)
-	checkAdd(t, newer.expect("add", a.UID), a)
-	newer.ack("")
+	checkAdd(t, newer.Expect(zdstest.Add, a.UID), a)
+	newer.Ack("")
 	f.waitState(a.UID, "acked")
 
 	f.src.del(a.UID)
 	f.srv.PodRemoved(a.UID)
 	// Messages arrive in order, so the old proxy's first message being
 	// the del proves it was never sent the add.
-	old.expect("del", a.UID)
-	old.ack("")
-	newer.expect("del", a.UID)
-	newer.ack("")
+	old.Expect(zdstest.Del, a.UID)
+	old.Ack("")
+	newer.Expect(zdstest.Del, a.UID)
+	newer.Ack("")
 }
 
 func TestKeepaliveAndProtocolErrors(t *testing.T) {
@@ -393,27 +397,27 @@ func TestKeepaliveAndProtocolErrors(t *testing.T) {
 		c.HelloTimeout = 200 * time.Millisecond
 	})
 	// A proxy that goes away while idle is noticed.
-	p := dialPeer(t, f.path)
-	p.handshake()
+	p := zdstest.Dial(t, f.path)
+	p.Handshake()
 	f.waitConnected(1)
-	p.c.Close()
+	p.Close()
 	f.waitConnected(0)
 
 	// A proxy that speaks unasked is dropped.
-	p = dialPeer(t, f.path)
-	p.handshake()
-	p.ack("")
-	p.expectClosed(2 * time.Second)
+	p = zdstest.Dial(t, f.path)
+	p.Handshake()
+	p.Ack("")
+	p.ExpectClosed(2 * time.Second)
 
 	// No hello, a hello of another version, and garbage are all refused.
-	silent := dialPeer(t, f.path)
-	silent.expectClosed(2 * time.Second)
-	v0 := dialPeer(t, f.path)
-	v0.send(helloMsg(0))
-	v0.expectClosed(2 * time.Second)
-	junk := dialPeer(t, f.path)
-	junk.send([]byte{0xff, 0xff, 0xff})
-	junk.expectClosed(2 * time.Second)
+	silent := zdstest.Dial(t, f.path)
+	silent.ExpectClosed(2 * time.Second)
+	v0 := zdstest.Dial(t, f.path)
+	v0.Send(zdstest.HelloMsg(0))
+	v0.ExpectClosed(2 * time.Second)
+	junk := zdstest.Dial(t, f.path)
+	junk.Send([]byte{0xff, 0xff, 0xff})
+	junk.ExpectClosed(2 * time.Second)
 	waitFor(t, "protocol errors counted", func() bool { return f.srv.Stats().ProtocolErrors == 3 })
 	if st := f.srv.Stats(); st.Connected != 0 {
 		t.Errorf("stats %+v, want nobody connected", st)
@@ -428,22 +432,22 @@ func TestMovedNamespaceIsNeverSent(t *testing.T) {
 	moved.NetnsPath = other.NetnsPath // the path now leads elsewhere
 	f.src.put(moved)
 
-	p := dialPeer(t, f.path)
-	p.hello()
-	p.expect("keep", a.UID)
-	p.ack("")
-	checkAdd(t, p.expect("add", other.UID), other)
-	p.ack("")
-	p.expect("snapshot_sent", "")
-	p.ack("")
+	p := zdstest.Dial(t, f.path)
+	p.Hello()
+	p.Expect(zdstest.Keep, a.UID)
+	p.Ack("")
+	checkAdd(t, p.Expect(zdstest.Add, other.UID), other)
+	p.Ack("")
+	p.Expect(zdstest.SnapshotSent, "")
+	p.Ack("")
 	f.waitState(a.UID, "netns unavailable")
 
 	f.srv.PodAdded(moved)
 	f.waitState(a.UID, "netns unavailable")
 	// Nothing was sent for it: the next message is the del.
 	f.srv.PodRemoved(a.UID)
-	p.expect("del", a.UID)
-	p.ack("")
+	p.Expect(zdstest.Del, a.UID)
+	p.Ack("")
 	if st := f.srv.Stats(); st.OpenFailures != 2 || st.Retries != 0 {
 		t.Errorf("stats %+v, want 2 open failures and no retries", st)
 	}
@@ -455,13 +459,13 @@ func TestUnreadableSourceSendsNoSnapshot(t *testing.T) {
 	f := newFixture(t, nil)
 	f.newPod("pod-a")
 	f.src.fail(errors.New("state directory unreadable"))
-	p := dialPeer(t, f.path)
-	p.hello()
-	p.expectClosed(2 * time.Second)
+	p := zdstest.Dial(t, f.path)
+	p.Hello()
+	p.ExpectClosed(2 * time.Second)
 
 	f.src.fail(nil)
-	p = dialPeer(t, f.path)
-	if snap := p.handshake(); len(snap) != 1 {
+	p = zdstest.Dial(t, f.path)
+	if snap := p.Handshake(); len(snap) != 1 {
 		t.Errorf("snapshot after recovery %v, want pod-a", snap)
 	}
 }
@@ -478,17 +482,17 @@ func TestNoProxy(t *testing.T) {
 
 func TestCloseFailsWaiters(t *testing.T) {
 	f := newFixture(t, nil)
-	p := dialPeer(t, f.path)
-	p.handshake()
+	p := zdstest.Dial(t, f.path)
+	p.Handshake()
 	a := f.newPod("pod-a")
 	res := make(chan error, 1)
 	go func() { res <- f.srv.PodAddedWait(context.Background(), a) }()
-	p.expect("add", a.UID)
+	p.Expect(zdstest.Add, a.UID)
 	f.srv.Close()
 	if err := <-res; !errors.Is(err, zds.ErrClosed) {
 		t.Errorf("PodAddedWait across Close = %v, want ErrClosed", err)
 	}
-	p.expectClosed(2 * time.Second)
+	p.ExpectClosed(2 * time.Second)
 	if _, err := os.Stat(f.path); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("socket still there after Close: %v", err)
 	}

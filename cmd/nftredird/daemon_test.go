@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/nftredir/nftredir/internal/nstest"
 )
 
 // The daemon tests re-execute the test binary as nftredird, so the real
@@ -28,16 +30,6 @@ func TestMain(m *testing.M) {
 		return
 	}
 	os.Exit(m.Run())
-}
-
-func requirePrivileged(t *testing.T) {
-	t.Helper()
-	if os.Getenv("NFTREDIR_SKIP_PRIVILEGED") == "1" {
-		t.Skip("NFTREDIR_SKIP_PRIVILEGED=1")
-	}
-	if os.Geteuid() != 0 {
-		t.Fatal("daemon tests chown sockets and open namespaces, so they must run as root; run as root or set NFTREDIR_SKIP_PRIVILEGED=1 to skip them")
-	}
 }
 
 type daemon struct {
@@ -100,7 +92,7 @@ func waitServing(t *testing.T, socket string) {
 }
 
 func TestDaemonLifecycle(t *testing.T) {
-	requirePrivileged(t)
+	nstest.RequirePrivileged(t)
 	dir := t.TempDir()
 	socket := filepath.Join(dir, "run", "nftredir.sock")
 	// No node probe table and no ZDS socket: with the defaults the daemon
@@ -151,7 +143,7 @@ func TestDaemonLifecycle(t *testing.T) {
 }
 
 func TestSocketDirChecks(t *testing.T) {
-	requirePrivileged(t)
+	nstest.RequirePrivileged(t)
 	dir := t.TempDir()
 	open := filepath.Join(dir, "open")
 	if err := os.Mkdir(open, 0o777); err != nil {

@@ -48,7 +48,7 @@ func RequirePrivileged(t testing.TB) {
 	if os.Geteuid() == 0 {
 		return
 	}
-	t.Fatalf("this test creates network namespaces, veth links and nftables rules in them, "+
+	t.Fatalf("this test needs root for network namespaces, links, nftables rules or socket ownership, "+
 		"so it must run as root (uid 0; it runs as %d). Run it with sudo, or set %s=1 to skip it.",
 		os.Geteuid(), SkipEnv)
 }

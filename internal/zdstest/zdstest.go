@@ -79,18 +79,26 @@ func Dial(t testing.TB, path string) *Peer {
 // Close hangs up, as a proxy that exits does.
 func (p *Peer) Close() { p.c.Close() }
 
-func (p *Peer) send(b []byte) {
+// Send writes one packet as it is, for tests that speak out of turn or
+// send what is not a message at all.
+func (p *Peer) Send(raw []byte) {
 	p.t.Helper()
-	if _, err := p.c.Write(b); err != nil {
+	if _, err := p.c.Write(raw); err != nil {
 		p.t.Fatalf("zds peer send: %v", err)
 	}
+}
+
+// HelloMsg encodes ZdsHello{version}; V1 is 1, and the agent refuses any
+// other.
+func HelloMsg(version uint64) []byte {
+	b := protowire.AppendTag(nil, 1, protowire.VarintType)
+	return protowire.AppendVarint(b, version)
 }
 
 // Hello sends ZdsHello{version: V1}.
 func (p *Peer) Hello() {
 	p.t.Helper()
-	b := protowire.AppendTag(nil, 1, protowire.VarintType)
-	p.send(protowire.AppendVarint(b, 1))
+	p.Send(HelloMsg(1))
 }
 
 // Ack answers the last request; a non-empty errMsg is a NACK.
@@ -102,7 +110,7 @@ func (p *Peer) Ack(errMsg string) {
 		ack = protowire.AppendString(ack, errMsg)
 	}
 	b := protowire.AppendTag(nil, 1, protowire.BytesType)
-	p.send(protowire.AppendBytes(b, ack))
+	p.Send(protowire.AppendBytes(b, ack))
 }
 
 // Recv reads one request with any fds that came with it; the caller owns
@@ -198,6 +206,20 @@ func (p *Peer) ExpectQuiet(d time.Duration) {
 	}
 }
 
+// ExpectClosed checks that the agent closes the connection within
+// timeout, with nothing sent before.
+func (p *Peer) ExpectClosed(timeout time.Duration) {
+	p.t.Helper()
+	r, err := p.Recv(timeout)
+	if err == nil {
+		closeFds(r.Fds)
+		p.t.Fatalf("zds peer got %v, want the connection closed", r)
+	}
+	if !errors.Is(err, ErrClosed) && !errors.Is(err, unix.ECONNRESET) {
+		p.t.Fatalf("zds peer: want the connection closed, got %v", err)
+	}
+}
+
 // Handshake says hello and acks the whole snapshot, returning its
 // requests without the final snapshot_sent.
 func (p *Peer) Handshake() []Request {
@@ -215,7 +237,8 @@ func (p *Peer) Handshake() []Request {
 }
 
 // NetnsOf returns the device and inode of the network namespace a
-// received fd refers to, and fails the test if it is not one.
+// received fd refers to, and fails the test if it is not one: the pair
+// stat(2) gives for the namespace's path, and netns.ID's Dev and Ino.
 func NetnsOf(t testing.TB, fd int) (dev, ino uint64) {
 	t.Helper()
 	var st unix.Stat_t
