@@ -40,3 +40,4 @@ clean:
 	rm -rf $(BIN)
 
 include Makefile.proto.mk
+include Makefile.bench.mk

@@ -1,0 +1,169 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/xml"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nftredir/nftredir/internal/nstest"
+)
+
+// TestQuickRun runs the whole benchmark in -quick mode against a freshly
+// built nftredird, so that `make test` notices when the benchmark stops
+// working (it is not timed: its numbers are not checked against targets).
+func TestQuickRun(t *testing.T) {
+	nstest.RequirePrivileged(t)
+	dir := t.TempDir()
+	daemon := filepath.Join(dir, "nftredird")
+	build := exec.Command(goTool(), "build", "-o", daemon, "github.com/nftredir/nftredir/cmd/nftredird")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build nftredird: %v\n%s", err, out)
+	}
+	out := filepath.Join(dir, "BENCHMARKS.md")
+	svg := filepath.Join(dir, "docs", "latency.svg")
+	cfg, err := parseFlags([]string{"-quick", "-daemon", daemon, "-out", out, "-svg", svg}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	var stdout, progress bytes.Buffer
+	start := time.Now()
+	if err := run(ctx, cfg, &stdout, &progress); err != nil {
+		t.Fatalf("quick run: %v\nprogress:\n%s", err, progress.String())
+	}
+	t.Logf("quick run took %v", time.Since(start).Round(time.Millisecond))
+
+	for _, want := range []string{"Targets", "iptables-restore", "nft -f", "Reconcile at scale", "Data path", "PASS"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("printed report lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	md, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(md), "](docs/latency.svg)") {
+		t.Errorf("BENCHMARKS.md does not link the chart by its relative path")
+	}
+	chart, err := os.ReadFile(svg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wellFormed(chart); err != nil {
+		t.Errorf("chart is not well-formed XML: %v", err)
+	}
+	assertNothingLeft(t)
+}
+
+// assertNothingLeft checks that the run removed every namespace and work
+// directory it created.
+func assertNothingLeft(t *testing.T) {
+	t.Helper()
+	mine := newPool().prefix
+	for _, root := range []string{netnsDir, workRoot, diskRoot} {
+		ents, _ := os.ReadDir(root)
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), mine) {
+				t.Errorf("left behind: %s", filepath.Join(root, e.Name()))
+			}
+		}
+	}
+}
+
+func wellFormed(b []byte) error {
+	d := xml.NewDecoder(bytes.NewReader(b))
+	for {
+		_, err := d.Token()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// goTool is the go command that runs this test, so the daemon is built
+// with the same toolchain.
+func goTool() string {
+	if p := filepath.Join(runtime.GOROOT(), "bin", "go"); fileExists(p) {
+		return p
+	}
+	return "go"
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+func TestQuantileIsNearestRank(t *testing.T) {
+	var ds []time.Duration
+	for i := 1; i <= 200; i++ {
+		ds = append(ds, time.Duration(i)*time.Millisecond)
+	}
+	d := newDist(ds)
+	for _, c := range []struct {
+		p    float64
+		want time.Duration
+	}{{0, time.Millisecond}, {0.5, 100 * time.Millisecond}, {0.99, 198 * time.Millisecond}, {1, 200 * time.Millisecond}} {
+		if got := d.q(c.p); got != c.want {
+			t.Errorf("q(%v) = %v, want %v", c.p, got, c.want)
+		}
+	}
+}
+
+func TestPairedRatiosMatchRepetitions(t *testing.T) {
+	mk := func(rep int, p50 time.Duration) *sample {
+		return &sample{rep: rep, lat: []time.Duration{p50}}
+	}
+	base := []*sample{mk(0, 30*time.Millisecond), mk(1, 40*time.Millisecond)}
+	ours := []*sample{mk(1, 2*time.Millisecond), mk(0, time.Millisecond)}
+	got := spreadOf(paired(base, ours, p50Of))
+	if got.lo != 20 || got.hi != 30 || got.med != 25 {
+		t.Errorf("paired ratios = %+v, want 20 and 30, median 25", got)
+	}
+}
+
+func TestNiceTicks(t *testing.T) {
+	got := niceTicks(0.7, 23)
+	want := []float64{0.5, 1, 2, 5, 10, 20, 50}
+	if len(got) != len(want) {
+		t.Fatalf("niceTicks(0.7, 23) = %v, want %v", got, want)
+	}
+	for i := range want {
+		if diff := got[i] - want[i]; diff > 1e-9 || diff < -1e-9 {
+			t.Fatalf("niceTicks(0.7, 23) = %v, want %v", got, want)
+		}
+	}
+}
+
+func TestQuickDoesNotOverwriteTheReport(t *testing.T) {
+	cfg, err := parseFlags([]string{"-quick"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.out != "" || cfg.svg != "" {
+		t.Errorf("-quick writes %q and %q; a smoke run must not replace the committed report", cfg.out, cfg.svg)
+	}
+	if cfg.pods > 10 || cfg.cycles > 1000 || cfg.reconcilePods > 100 {
+		t.Errorf("-quick is not quick: %+v", cfg)
+	}
+	cfg, err = parseFlags([]string{"-quick", "-out", "x.md", "-pods", "7"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.out != "x.md" || cfg.pods != 7 || cfg.svg != "" {
+		t.Errorf("explicit flags must win over -quick: %+v", cfg)
+	}
+}
