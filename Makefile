@@ -8,7 +8,7 @@ export PATH := $(BIN):$(PATH)
 
 PKGS := ./...
 
-.PHONY: all build test unit lint demo bench deps clean
+.PHONY: all build test unit lint lint-go demo bench deps clean
 
 all: build
 
@@ -19,14 +19,18 @@ build:
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/... ./tools/...
 
-lint:
+# lint checks Go and the API's protobuf (buf is built into ./bin on first
+# use); make test runs the Go half only, to keep CI from compiling buf.
+lint: lint-go buf-lint
+
+lint-go:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 
 # Every test, including the real-kernel ones (root). -p 1: the kernel
 # tests create namespaces and traffic; on 2 cores one package at a time is
 # faster and calmer than contention.
-test: deps lint build
+test: deps lint-go build
 	$(GO) test -p 1 -count=1 -timeout 15m $(PKGS)
 
 # Pure tests only: no root, no kernel.
