@@ -243,10 +243,12 @@ func TestZtunnel(t *testing.T) {
 		for _, a := range ipsA {
 			want[a.String()] = uidA
 		}
-		elems, _ = nodeElements(t, node)
-		if fmt.Sprint(elems) != fmt.Sprint(want) {
-			t.Errorf("node table after RemovePod %s: %v; want %v (the shared address handed back to %s)", uidB, elems, want, uidA)
-		}
+		// RemovePod queues the node table change and replies; the batch
+		// follows within moments.
+		waitUntil(t, fmt.Sprintf("the node table to hand the shared address back to %s, want %v", uidA, want), 5*time.Second, func() bool {
+			elems, _ = nodeElements(t, node)
+			return fmt.Sprint(elems) == fmt.Sprint(want)
+		})
 		to := netip.AddrPortFrom(nstest.V4.Pod, 8080)
 		if r := node.DialAs(t, dialer, rec, ztKubeletUID, to); r.Listener != "app" || r.Remote.Addr() != nstest.V4.Probe {
 			t.Errorf("kubelet to %s after RemovePod %s: got %v; want the app from the probe source", to, uidB, r)

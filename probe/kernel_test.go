@@ -24,7 +24,7 @@ var (
 )
 
 // newNode makes a namespace to stand for the node and a Manager for it.
-func newNode(t *testing.T, cfg probe.Config) (*nstest.Netns, *probe.Manager) {
+func newNode(t testing.TB, cfg probe.Config) (*nstest.Netns, *probe.Manager) {
 	t.Helper()
 	node := nstest.NewNetns(t)
 	cfg.NetnsPath = node.Path
@@ -67,8 +67,13 @@ func nftElements(t *testing.T, node *nstest.Netns) map[netip.Addr]string {
 	return out
 }
 
+// wantElements checks the sets once the Manager has sent what it queued
+// (Remove does not wait for the kernel).
 func wantElements(t *testing.T, node *nstest.Netns, m *probe.Manager, want map[netip.Addr]string) {
 	t.Helper()
+	if err := m.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	if got := nftElements(t, node); !maps.Equal(got, want) {
 		t.Errorf("elements (nft list) = %v, want %v", got, want)
 	}

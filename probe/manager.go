@@ -7,9 +7,11 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/hashicorp/go-hclog"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -38,17 +40,73 @@ type Config struct {
 }
 
 // Manager keeps the node table in the node namespace true to the pods the
-// daemon enrolled. Every method changes the kernel in at most one netlink
-// batch, and calls are serialised: the table is shared by all pods.
+// daemon enrolled.
+//
+// It keeps in memory what it committed (address to owner UID) and what the
+// calls so far want, and sends only the difference: an Add does not list
+// the sets, and costs the same on a node with a thousand pods as with one.
+// The kernel is read only by Ensure and Reconcile, and after a batch the
+// kernel refused (the table changed under the Manager), which is then
+// planned again once from a fresh reading.
+//
+// All batches are sent by one goroutine, in order, over a netlink
+// connection it keeps while busy: closing a netfilter socket after a
+// deletion makes the closer wait for an RCU grace period (milliseconds),
+// which a socket per call would pay on every removal. Changes made while a
+// batch is in flight share the next one.
 type Manager struct {
 	path string
 	rs   *Ruleset
 	log  hclog.Logger
 
+	// kmu is held by whoever talks to the kernel: the batch sender,
+	// Ensure, Reconcile, Uninstall and the readers. It guards the
+	// connection; batches thus reach the kernel in the order planned.
+	// Taken before mu.
+	kmu  sync.Mutex
+	kc   *nftables.Conn
+	kend func()
+	// lastUse and idle close the connection once unused for connLinger.
+	lastUse time.Time
+	idle    *time.Timer
+
 	mu sync.Mutex
 	// protects the following fields
 	intent *intent
+	// want is the sets' content after every call so far: each call
+	// computes its changes against it, so ownership is right even before
+	// the kernel has the previous call's changes.
+	want *elemIndex
+	// applied is what the kernel holds as far as the Manager knows: what
+	// it read last, plus the batches committed since.
+	applied map[netip.Addr]string
+	// dirty lists the addresses where want may differ from applied.
+	dirty map[netip.Addr]struct{}
+	// synced: applied and the skeleton were read from the kernel and no
+	// batch failed since, so a batch need not read the kernel first.
+	synced bool
+	// next is the round that will carry the changes made since the last
+	// batch was planned; nil when there are none to wait for.
+	next *round
+	// sending: the sender goroutine is running (or about to).
+	sending bool
+	// busy: a batch is being planned or sent.
+	busy   bool
+	closed bool
+
+	stats counters
+	// beforeSend, when set (tests only), runs after a batch is planned and
+	// before it is sent, with kmu held and mu not.
+	beforeSend func()
 }
+
+// connLinger is how long the connection outlives its last use: long enough
+// for the grace period of the last deletion to pass, so that closing it
+// rarely waits, and for a burst of calls to share it.
+const connLinger = time.Second
+
+// errClosed is returned by calls after Close.
+var errClosed = errors.New("node probe table manager is closed")
 
 // New checks cfg and that the node namespace can be opened; it does not
 // touch nftables (Ensure or Reconcile does).
@@ -83,26 +141,32 @@ func New(cfg Config) (*Manager, error) {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	return &Manager{path: path, rs: rs, log: log, intent: newIntent()}, nil
+	return &Manager{
+		path: path, rs: rs, log: log,
+		intent: newIntent(), want: newElemIndex(nil), applied: map[netip.Addr]string{}, dirty: map[netip.Addr]struct{}{},
+	}, nil
 }
 
 // Ruleset is the skeleton the Manager keeps in place.
 func (m *Manager) Ruleset() *Ruleset { return m.rs }
 
-// Ensure creates or repairs the table, sets and chain. Set contents are
-// kept: a drifted chain is rewritten alone, and a set is recreated (seeded
-// from the pods known to the Manager) only when it is missing or not a set
-// of addresses. It changes nothing when all is in place.
+// Ensure creates or repairs the table, sets and chain, and sends any
+// changes still pending. Set contents are kept: a drifted chain is
+// rewritten alone, and a set is recreated (seeded from the pods known to
+// the Manager) only when it is missing or not a set of addresses. It
+// changes nothing when all is in place.
 func (m *Manager) Ensure(ctx context.Context) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.apply(ctx, "ensure", func(map[netip.Addr]string) changes { return nil })
+	return m.exclusive(ctx, "ensure", modeRead)
 }
 
 // Add makes uid's addresses exactly addrs: each becomes an element owned
 // by uid (re-owned if another pod held it: the latest add wins), and
-// elements uid owned for addresses it no longer has are released. It also
-// repairs the skeleton if needed.
+// elements uid owned for addresses it no longer has are released. It
+// returns once the kernel holds uid's elements, so probes work as soon as
+// it returns; adds made meanwhile by other callers share the batch. When
+// ctx ends first it returns ctx's error, and the change still follows.
+// It repairs the skeleton only when the batch is refused; Ensure and
+// Reconcile repair it otherwise.
 func (m *Manager) Add(ctx context.Context, uid string, addrs []netip.Addr) error {
 	if err := checkUID(uid); err != nil {
 		return err
@@ -111,29 +175,58 @@ func (m *Manager) Add(ctx context.Context, uid string, addrs []netip.Addr) error
 	if err != nil {
 		return err
 	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	if m.closed {
+		m.mu.Unlock()
+		return errClosed
+	}
 	m.intent.set(uid, clean)
-	return m.apply(ctx, "add "+uid, func(live map[netip.Addr]string) changes { return m.intent.afterAdd(live, uid) })
+	if !m.changeLocked(m.intent.afterAdd(m.want.ownedBy(uid), uid)) && m.committedLocked(uid, clean) {
+		m.mu.Unlock()
+		return nil
+	}
+	r := m.roundLocked()
+	m.mu.Unlock()
+	return r.wait(ctx)
 }
 
 // Remove releases uid: elements whose comment is uid are deleted, or
 // handed to another enrolled pod that claims the same address. Elements
 // owned by other pods are never touched. Removing an unknown pod succeeds.
+//
+// Remove does not wait for the kernel: the Manager's own picture changes
+// at once (so an Add that follows, even of the same address by another
+// pod, is planned against it), and the elements go with the next batch,
+// shared by every removal made while the previous one was in flight.
+// Flush waits for them. A batch that fails is logged and retried with the
+// next call or reconcile.
 func (m *Manager) Remove(ctx context.Context, uid string) error {
 	if err := checkUID(uid); err != nil {
 		return err
 	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.closed {
+		return errClosed
+	}
 	m.intent.remove(uid)
-	return m.apply(ctx, "remove "+uid, func(live map[netip.Addr]string) changes { return m.intent.afterRemove(live, uid) })
+	if m.changeLocked(m.intent.afterRemove(m.want.ownedBy(uid), uid)) {
+		m.roundLocked()
+	}
+	return nil
 }
 
 // Reconcile makes the node table exactly the skeleton plus pods' addresses:
 // missing objects are created, foreign elements deleted, owners corrected.
 // pods replaces everything the Manager knew, so the daemon passes every
-// enrolled pod.
+// enrolled pod. It reads the kernel, and realigns the Manager's picture
+// with what it finds.
 func (m *Manager) Reconcile(ctx context.Context, pods map[string][]netip.Addr) error {
 	clean := make(map[string][]netip.Addr, len(pods))
 	for uid, addrs := range pods {
@@ -146,23 +239,55 @@ func (m *Manager) Reconcile(ctx context.Context, pods map[string][]netip.Addr) e
 		}
 		clean[uid] = c
 	}
+	return m.exclusive(ctx, "reconcile", modeExact, func() { m.intent.replace(clean) })
+}
+
+// Flush waits until every change made before it is in the kernel (or its
+// batch failed, whose error it returns). For tests and shutdown.
+func (m *Manager) Flush(ctx context.Context) error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.intent.replace(clean)
-	return m.apply(ctx, "reconcile", m.intent.exact)
+	if m.next == nil && !m.busy && len(m.dirty) == 0 {
+		m.mu.Unlock()
+		return nil
+	}
+	r := m.roundLocked()
+	m.mu.Unlock()
+	return r.wait(ctx)
+}
+
+// Close sends the pending changes, then closes the connection. Later
+// changes fail; Elements, Problems and Uninstall still work.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+	err := m.Flush(context.Background())
+	m.kmu.Lock()
+	m.unlockKernel()
+	return err
 }
 
 // Uninstall deletes the table, and with it every element. It succeeds
-// when the table is absent. The Manager forgets all pods.
+// when the table is absent. The Manager forgets all pods; an Add still
+// waiting fails.
 func (m *Manager) Uninstall(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.kmu.Lock()
+	defer m.unlockKernel()
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.intent = newIntent()
-	c, done, err := m.conn(ctx)
+	m.want, m.applied, m.dirty, m.synced = newElemIndex(nil), map[netip.Addr]string{}, map[netip.Addr]struct{}{}, false
+	if r := m.next; r != nil {
+		m.next = nil
+		r.finish(errors.New("node probe table uninstalled"))
+	}
+	m.mu.Unlock()
+	c, err := m.connLocked()
 	if err != nil {
 		return err
 	}
-	defer done()
 	// Deleting makes the kernel wait for an RCU grace period; look first.
 	if _, err := c.ListTableOfFamily(TableName, nftables.TableFamilyINet); errors.Is(err, unix.ENOENT) {
 		return nil
@@ -170,7 +295,10 @@ func (m *Manager) Uninstall(ctx context.Context) error {
 	t := table()
 	c.AddTable(t)
 	c.DelTable(t)
-	if err := c.Flush(); err != nil {
+	err = c.Flush()
+	// A one-off: the grace period is paid here, not by a later caller.
+	m.dropConnLocked()
+	if err != nil {
 		return fmt.Errorf("delete table %s in %s: %w", TableName, m.path, err)
 	}
 	m.log.Info("node probe table deleted", "netns", m.path)
@@ -178,16 +306,12 @@ func (m *Manager) Uninstall(ctx context.Context) error {
 }
 
 // Elements lists the addresses in the sets with their owners' UIDs, for
-// status output and tests.
+// status output and tests. It reads the kernel: removals still pending
+// (see Remove) are listed.
 func (m *Manager) Elements(ctx context.Context) (map[netip.Addr]string, error) {
-	c, done, err := m.conn(ctx)
+	l, err := m.readOnly(ctx)
 	if err != nil {
 		return nil, err
-	}
-	defer done()
-	l, err := readLive(c, m.rs)
-	if err != nil {
-		return nil, fmt.Errorf("read node table in %s: %w", m.path, err)
 	}
 	return l.elems, nil
 }
@@ -195,30 +319,40 @@ func (m *Manager) Elements(ctx context.Context) (map[netip.Addr]string, error) {
 // Problems lists how the live table differs from the skeleton (not its
 // elements); none means in place.
 func (m *Manager) Problems(ctx context.Context) ([]string, error) {
-	c, done, err := m.conn(ctx)
+	l, err := m.readOnly(ctx)
 	if err != nil {
 		return nil, err
-	}
-	defer done()
-	l, err := readLive(c, m.rs)
-	if err != nil {
-		return nil, fmt.Errorf("read node table in %s: %w", m.path, err)
 	}
 	return l.problems(m.rs), nil
 }
 
-// conn opens the node namespace and a netlink connection inside it; done
-// closes both. The namespace is opened per call, so a path that changes
-// is followed and no fd outlives the call.
-func (m *Manager) conn(ctx context.Context) (*nftables.Conn, func(), error) {
+func (m *Manager) readOnly(ctx context.Context) (*live, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
+	m.kmu.Lock()
+	defer m.unlockKernel()
+	c, err := m.connLocked()
+	if err != nil {
+		return nil, err
+	}
+	l, err := readLive(c, m.rs)
+	if err != nil {
+		m.dropConnLocked()
+		return nil, fmt.Errorf("read node table in %s: %w", m.path, err)
+	}
+	return l, nil
+}
+
+// dial opens the node namespace and a netlink connection inside it; the
+// returned func closes both. The namespace is opened per connection, so a
+// path that changes is followed once the connection is idle.
+func (m *Manager) dial() (*nftables.Conn, func(), error) {
 	fd, err := openNetns(m.path)
 	if err != nil {
 		return nil, nil, err
 	}
-	c, err := nftables.New(nftables.WithNetNSFd(fd), nftables.AsLasting())
+	c, err := nftables.New(nftables.WithNetNSFd(fd), nftables.AsLasting(), nftables.WithSockOptions(largeSendBuffer))
 	if err != nil {
 		unix.Close(fd)
 		return nil, nil, fmt.Errorf("nftables in %s: %w", m.path, err)
@@ -226,41 +360,27 @@ func (m *Manager) conn(ctx context.Context) (*nftables.Conn, func(), error) {
 	return c, func() { c.CloseLasting(); unix.Close(fd) }, nil
 }
 
-// apply reads the live table, lets elems decide the element changes from
-// the live elements, and sends one batch with whatever is needed. A batch
-// that fails because the table changed under it (another program editing
-// the node ruleset) is planned again once from a fresh reading.
-func (m *Manager) apply(ctx context.Context, what string, elems func(live map[netip.Addr]string) changes) error {
-	var lastErr error
-	for attempt := 0; attempt < 2; attempt++ {
-		// A fresh connection per attempt: v0.3.0 keeps a failed batch's
-		// error on the connection forever.
-		c, done, err := m.conn(ctx)
-		if err != nil {
-			return err
-		}
-		l, err := readLive(c, m.rs)
-		if err != nil {
-			done()
-			return fmt.Errorf("%s: read node table in %s: %w", what, m.path, err)
-		}
-		b := plan(l, m.rs, elems(l.elems), m.intent.seed)
-		if b.empty() {
-			done()
-			return nil
-		}
-		err = b.queue(c)
-		if err == nil {
-			err = c.Flush()
-		}
-		done()
-		if err == nil {
-			b.log(m.log.With("op", what, "netns", m.path))
-			return nil
-		}
-		lastErr = err
+// sendBuffer bounds one batch: a batch goes out in a single sendmsg, which
+// the kernel refuses (EMSGSIZE) beyond the socket's send buffer, and the
+// default buffer (wmem_default, 208 KiB) holds the elements of only about
+// a thousand dual-stack pods. The buffer is a limit, not an allocation.
+const sendBuffer = 16 << 20
+
+// largeSendBuffer raises the send buffer past wmem_max, which the daemon
+// may (CAP_NET_ADMIN); without the capability it gets what wmem_max allows.
+func largeSendBuffer(c *netlink.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil
 	}
-	return fmt.Errorf("%s: node table in %s: %w", what, m.path, lastErr)
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, sendBuffer)
+	}); err != nil || serr != nil {
+		// Best effort: small batches need nothing more.
+		_ = c.SetWriteBuffer(sendBuffer)
+	}
+	return nil
 }
 
 func checkUID(uid string) error {

@@ -199,12 +199,16 @@ func (b *batch) empty() bool {
 		len(b.addSets) == 0 && len(b.delElems) == 0 && len(b.addElems) == 0
 }
 
+func newBatch(rs *Ruleset) *batch {
+	return &batch{rs: rs, addSets: map[string]map[netip.Addr]string{}, delElems: map[string][]netip.Addr{}, addElems: map[string]map[netip.Addr]string{}}
+}
+
 // plan turns the live state, the element changes wanted and the seed of
 // recreated sets into one batch. Objects that are right are left alone:
 // deletes cost the kernel an RCU grace period, and rewriting a set would
 // briefly empty it.
 func plan(l *live, rs *Ruleset, ch changes, seed func(set string) map[netip.Addr]string) *batch {
-	b := &batch{rs: rs, addSets: map[string]map[netip.Addr]string{}, delElems: map[string][]netip.Addr{}, addElems: map[string]map[netip.Addr]string{}}
+	b := newBatch(rs)
 	b.problems = l.problems(rs)
 	// Adding the table also clears a dormant flag: v0.3.0 always sends
 	// flags 0, and the kernel applies flags to an existing table.
@@ -239,17 +243,24 @@ func plan(l *live, rs *Ruleset, ch changes, seed func(set string) map[netip.Addr
 		// Rules referencing a set must go before the set can.
 		b.chain = chainRefill
 	}
+	// A recreated set is filled from its seed, which already holds intent.
+	b.elems(ch, l.elems, func(set string) bool { return l.setsOK[set] })
+	return b
+}
 
+// elems adds the element changes ch to b. cur is what the sets hold now;
+// sets that keep fails for are left out.
+func (b *batch) elems(ch changes, cur map[netip.Addr]string, keep func(set string) bool) {
 	for a, owner := range ch {
 		set := setFor(a)
-		if !l.setsOK[set] {
-			continue // recreated from the seed, which already holds intent
+		if !keep(set) {
+			continue
 		}
-		cur, present := l.elems[a]
+		was, present := cur[a]
 		switch {
 		case owner == "" && present:
 			b.delElems[set] = append(b.delElems[set], a)
-		case owner == "" || (present && cur == owner):
+		case owner == "" || (present && was == owner):
 		case present:
 			// Re-adding an existing key keeps its old comment, so a change
 			// of owner is a delete and an add in the same batch.
@@ -269,7 +280,20 @@ func plan(l *live, rs *Ruleset, ch changes, seed func(set string) map[netip.Addr
 	for set := range b.addElems {
 		b.elemChanges += len(b.addElems[set])
 	}
-	return b
+}
+
+// elemChunk bounds the elements per netlink message: the element list is
+// one attribute, whose length field is 16 bits, and a coalesced removal or
+// a reconcile of a large node can exceed that in a single list.
+const elemChunk = 256
+
+func chunks(els []nftables.SetElement) [][]nftables.SetElement {
+	var out [][]nftables.SetElement
+	for len(els) > elemChunk {
+		out = append(out, els[:elemChunk])
+		els = els[elemChunk:]
+	}
+	return append(out, els)
 }
 
 func setObject(t *nftables.Table, s Set) *nftables.Set {
@@ -311,8 +335,14 @@ func (b *batch) queue(c *nftables.Conn) error {
 			continue
 		}
 		obj := setObject(t, s)
-		if err := c.AddSet(obj, elements(seed)); err != nil {
+		parts := chunks(elements(seed))
+		if err := c.AddSet(obj, parts[0]); err != nil {
 			return fmt.Errorf("queue set %s: %w", s.Name, err)
+		}
+		for _, part := range parts[1:] {
+			if err := c.SetAddElements(obj, part); err != nil {
+				return fmt.Errorf("queue seed of %s: %w", s.Name, err)
+			}
 		}
 		created[s.Name] = obj.ID
 	}
@@ -336,15 +366,19 @@ func (b *batch) queue(c *nftables.Conn) error {
 			for i, a := range dels {
 				els[i] = nftables.SetElement{Key: a.AsSlice()}
 			}
-			if err := c.SetDeleteElements(setObject(t, s), els); err != nil {
-				return fmt.Errorf("queue element deletes in %s: %w", s.Name, err)
+			for _, part := range chunks(els) {
+				if err := c.SetDeleteElements(setObject(t, s), part); err != nil {
+					return fmt.Errorf("queue element deletes in %s: %w", s.Name, err)
+				}
 			}
 		}
 	}
 	for _, s := range b.rs.Sets {
 		if adds := b.addElems[s.Name]; len(adds) > 0 {
-			if err := c.SetAddElements(setObject(t, s), elements(adds)); err != nil {
-				return fmt.Errorf("queue element adds in %s: %w", s.Name, err)
+			for _, part := range chunks(elements(adds)) {
+				if err := c.SetAddElements(setObject(t, s), part); err != nil {
+					return fmt.Errorf("queue element adds in %s: %w", s.Name, err)
+				}
 			}
 		}
 	}

@@ -12,11 +12,16 @@ import (
 // then belongs to one of them, and releasing the other must not remove it.
 //
 // intent is what the daemon asked for: every pod's addresses, and the
-// order in which pods were added, which decides between claimants. All of
-// its methods are pure; the Manager turns their answers into one batch.
+// order in which pods were added, which decides between claimants. Its
+// methods touch nothing outside it; the Manager turns their answers into
+// batches.
 type intent struct {
 	pods map[string]claim
-	seq  uint64
+	// byAddr lists the claimants of every wanted address, kept up to date
+	// by set and remove so that an add or remove costs the same with a
+	// thousand pods as with one.
+	byAddr map[netip.Addr][]string
+	seq    uint64
 }
 
 type claim struct {
@@ -26,15 +31,42 @@ type claim struct {
 	seq uint64
 }
 
-func newIntent() *intent { return &intent{pods: map[string]claim{}} }
+func newIntent() *intent {
+	return &intent{pods: map[string]claim{}, byAddr: map[netip.Addr][]string{}}
+}
 
 // set records uid's addresses as its latest add.
 func (in *intent) set(uid string, addrs []netip.Addr) {
+	in.unindex(uid)
 	in.seq++
 	in.pods[uid] = claim{addrs: slices.Clone(addrs), seq: in.seq}
+	in.index(uid)
 }
 
-func (in *intent) remove(uid string) { delete(in.pods, uid) }
+func (in *intent) remove(uid string) {
+	in.unindex(uid)
+	delete(in.pods, uid)
+}
+
+func (in *intent) index(uid string) {
+	for _, a := range in.pods[uid].addrs {
+		if !slices.Contains(in.byAddr[a], uid) {
+			in.byAddr[a] = append(in.byAddr[a], uid)
+		}
+	}
+}
+
+func (in *intent) unindex(uid string) {
+	for _, a := range in.pods[uid].addrs {
+		// A fresh slice: claimants() hands the old one out.
+		rest := slices.DeleteFunc(slices.Clone(in.byAddr[a]), func(u string) bool { return u == uid })
+		if len(rest) == 0 {
+			delete(in.byAddr, a)
+		} else {
+			in.byAddr[a] = rest
+		}
+	}
+}
 
 // replace makes pods the whole intent. Pods already known keep their
 // order; new ones are ordered by uid so the outcome is deterministic.
@@ -50,20 +82,15 @@ func (in *intent) replace(pods map[string][]netip.Addr) {
 		next[uid] = c
 	}
 	in.pods = next
+	in.byAddr = map[netip.Addr][]string{}
+	for uid := range in.pods {
+		in.index(uid)
+	}
 }
 
-// claimants indexes, for every wanted address, the pods claiming it.
-func (in *intent) claimants() map[netip.Addr][]string {
-	idx := map[netip.Addr][]string{}
-	for uid, c := range in.pods {
-		for _, a := range c.addrs {
-			if !slices.Contains(idx[a], uid) {
-				idx[a] = append(idx[a], uid)
-			}
-		}
-	}
-	return idx
-}
+// claimants indexes, for every wanted address, the pods claiming it. It
+// is the intent's own index: callers only read it.
+func (in *intent) claimants() map[netip.Addr][]string { return in.byAddr }
 
 // winner picks the owner of an address among its claimants: the current
 // owner if it still claims it (no churn), otherwise the latest added.
@@ -87,7 +114,8 @@ type changes map[netip.Addr]string
 
 // afterAdd: uid owns each of its addresses (the latest add wins), and
 // elements uid owned that it no longer claims pass to another claimant or
-// go away. Other pods' elements are not touched.
+// go away. Other pods' elements are not touched. live needs to hold only
+// uid's elements; the Manager passes just those.
 func (in *intent) afterAdd(live map[netip.Addr]string, uid string) changes {
 	ch := changes{}
 	for _, a := range in.pods[uid].addrs {
@@ -103,7 +131,8 @@ func (in *intent) afterAdd(live map[netip.Addr]string, uid string) changes {
 }
 
 // afterRemove: elements uid owns pass to another claimant or go away;
-// elements owned by anyone else stay, whatever addresses uid had.
+// elements owned by anyone else stay, whatever addresses uid had. As for
+// afterAdd, live needs to hold only uid's elements.
 func (in *intent) afterRemove(live map[netip.Addr]string, uid string) changes {
 	ch := changes{}
 	idx := in.claimants()

@@ -3,6 +3,7 @@ package probe
 import (
 	"maps"
 	"net/netip"
+	"slices"
 	"testing"
 )
 
@@ -76,5 +77,45 @@ func TestIntentReplaceKeepsOrder(t *testing.T) {
 	in.replace(map[string][]netip.Addr{"z": {ipA}, "a": {ipA}})
 	if got := in.winner([]string{"z", "a"}, ""); got != "a" {
 		t.Errorf("winner after replace = %q, want a (added last before the reconcile)", got)
+	}
+}
+
+// TestIntentIndexFollowsChanges: the claimant index kept by set, remove
+// and replace is the one a full walk of the pods gives.
+func TestIntentIndexFollowsChanges(t *testing.T) {
+	walk := func(in *intent) map[netip.Addr][]string {
+		idx := map[netip.Addr][]string{}
+		for uid, c := range in.pods {
+			for _, a := range c.addrs {
+				idx[a] = append(idx[a], uid)
+			}
+		}
+		return idx
+	}
+	same := func(a, b map[netip.Addr][]string) bool {
+		return maps.EqualFunc(a, b, func(x, y []string) bool {
+			return len(x) == len(y) && !slices.ContainsFunc(x, func(u string) bool { return !slices.Contains(y, u) })
+		})
+	}
+	in := newIntent()
+	steps := []func(){
+		func() { in.set("a", []netip.Addr{ipA, ip6}) },
+		func() { in.set("b", []netip.Addr{ipA}) },
+		func() { in.set("a", []netip.Addr{ipB}) },
+		func() { in.remove("b") },
+		func() { in.remove("unknown") },
+		func() { in.replace(map[string][]netip.Addr{"a": {ipA}, "c": {ipA, ipB}}) },
+		func() { in.set("c", nil) },
+	}
+	for i, step := range steps {
+		held := in.claimants()[ipA]
+		heldCopy := slices.Clone(held)
+		step()
+		if got, want := in.claimants(), walk(in); !same(got, want) {
+			t.Fatalf("step %d: index %v, want %v", i, got, want)
+		}
+		if !slices.Equal(held, heldCopy) {
+			t.Errorf("step %d changed a claimant list handed out before it", i)
+		}
 	}
 }

@@ -4,9 +4,10 @@
 // reaches the app itself and not the node proxy.
 //
 // The table is built as a pure value (Build) and programmed over netlink
-// by a Manager, one batch per change. Pod addresses live in two sets whose
-// elements carry the owning pod's UID as their comment, so releasing a pod
-// removes only what that pod added even after its address was reused.
+// by a Manager, which sends only what changed, batching concurrent changes.
+// Pod addresses live in two sets whose elements carry the owning pod's UID
+// as their comment, so releasing a pod removes only what that pod added
+// even after its address was reused.
 package probe
 
 import (

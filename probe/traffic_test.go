@@ -109,6 +109,9 @@ func TestProbeTraffic(t *testing.T) {
 			if err := m.Remove(ctx, podA); err != nil {
 				t.Fatal(err)
 			}
+			if err := m.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
 			captured(t, node.DialAs(t, bin, rec, kubelet, to), a)
 		})
 	}

@@ -146,6 +146,13 @@ func serve(opts *options, root hclog.Logger) error {
 		if err != nil {
 			return err
 		}
+		// Deferred first, so it runs last: after Run has drained calls
+		// that may still queue removals, send what is queued.
+		defer func() {
+			if err := m.Close(); err != nil {
+				root.Warn("node probe table: pending changes not sent; the next start reconciles them", "error", err)
+			}
+		}()
 		cfg.Probe = m
 	}
 	var (
