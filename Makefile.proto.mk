@@ -22,6 +22,9 @@ $(BUF_STAMP):
 proto: $(BUF_STAMP)
 	$(BUF) lint
 	$(BUF) generate
+	# The API's descriptors with their comments, served by reflection so
+	# grpcurl describe shows the documentation.
+	$(BUF) build --path proto/nftredir/v1 -o proto/nftredir/v1/nftredir.binpb
 
 buf-lint: $(BUF_STAMP)
 	$(BUF) lint

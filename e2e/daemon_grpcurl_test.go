@@ -150,9 +150,12 @@ func TestDaemonGrpcurl(t *testing.T) {
 			t.Errorf("grpcurl list nftredir.v1.RedirectService does not show %s:\n%s", m, out)
 		}
 	}
-	out = s.ok("Describe a request", "Field names are shown in proto form; in JSON they are camelCase (`pod_uid` is `podUid`).",
+	out = s.ok("Describe a request", "Field names are shown in proto form; in JSON they are camelCase (`pod_uid` is `podUid`). "+
+		"Reflection serves the API with its comments, so describe shows the documentation too.",
 		"-plaintext", target, "describe", "nftredir.v1.AddPodRequest")
-	for _, want := range []string{"message AddPodRequest", "string pod_uid", "string netns_path", "repeated string pod_ips", "RedirectOptions options"} {
+	// The comment lines prove reflection serves the documented descriptors,
+	// not the comment-free ones compiled into the Go code.
+	for _, want := range []string{"message AddPodRequest", "string pod_uid", "string netns_path", "repeated string pod_ips", "RedirectOptions options", "// "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("grpcurl describe nftredir.v1.AddPodRequest lacks %q:\n%s", want, out)
 		}

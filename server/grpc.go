@@ -18,6 +18,9 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
+	reflectionalphagrpc "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
+	reflectiongrpc "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/grpc/status"
 
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
@@ -72,9 +75,24 @@ func (s *Server) NewGRPCServer() *grpc.Server {
 	nftredirv1.RegisterRedirectServiceServer(gs, s)
 	healthgrpc.RegisterHealthServer(gs, s.health)
 	if s.reflect {
-		reflection.Register(gs)
+		s.registerReflection(gs)
 	}
 	return gs
+}
+
+// registerReflection serves reflection (v1 and the v1alpha that older
+// tools ask for) from descriptors that keep the API's comments, so
+// `grpcurl describe` shows its documentation.
+func (s *Server) registerReflection(gs *grpc.Server) {
+	resolver, err := nftredirv1.DocumentedResolver()
+	if err != nil {
+		s.log.Warn("serving reflection without API comments", "error", err)
+		reflection.Register(gs)
+		return
+	}
+	opts := reflection.ServerOptions{Services: gs, DescriptorResolver: resolver, ExtensionResolver: protoregistry.GlobalTypes}
+	reflectiongrpc.RegisterServerReflectionServer(gs, reflection.NewServerV1(opts))
+	reflectionalphagrpc.RegisterServerReflectionServer(gs, reflection.NewServer(opts))
 }
 
 func (s *Server) setServing(on bool) {

@@ -382,8 +382,10 @@ type AddPodRequest struct {
 	// different namespace later found at the same path.
 	NetnsPath string `protobuf:"bytes,4,opt,name=netns_path,json=netnsPath,proto3" json:"netns_path,omitempty"`
 	// The pod's IP addresses, IPv4 and/or IPv6, without prefix length
-	// (e.g. ["10.244.1.7", "fd00:10:244:1::7"]). Used to tell the pod's own
-	// traffic from traffic to it. Optional but recommended.
+	// (e.g. ["10.244.1.7", "fd00:10:244:1::7"]). They go into the node's
+	// probe SNAT sets, so that kubelet probes to them arrive from the probe
+	// source address and bypass capture; without them the pod's probes are
+	// captured like any other traffic. Optional but recommended.
 	PodIps []string `protobuf:"bytes,5,rep,name=pod_ips,json=podIps,proto3" json:"pod_ips,omitempty"`
 	// Capture options. Optional: unset means all daemon defaults.
 	Options *RedirectOptions `protobuf:"bytes,6,opt,name=options,proto3" json:"options,omitempty"`
