@@ -18,10 +18,10 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
-	reflectionalphagrpc "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
 	reflectiongrpc "google.golang.org/grpc/reflection/grpc_reflection_v1"
-	"google.golang.org/protobuf/reflect/protoregistry"
+	reflectionalphagrpc "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/reflect/protoregistry"
 
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
