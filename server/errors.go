@@ -64,6 +64,8 @@ func toStatus(err error) error {
 		return status.Errorf(codes.FailedPrecondition, "netns_path: %v; the daemon may not open it, so it cannot be enrolled", err)
 	case errors.Is(err, errNetnsInUse):
 		return status.Errorf(codes.FailedPrecondition, "%v", err)
+	case errors.As(err, new(*newerError)):
+		return status.Errorf(codes.FailedPrecondition, "%v", err)
 	case errors.Is(err, context.Canceled):
 		return status.Errorf(codes.Canceled, "%v", err)
 	case errors.Is(err, context.DeadlineExceeded):

@@ -100,8 +100,9 @@ func (s *Store) Get(podUID string) (*Record, error) {
 	return r, nil
 }
 
-// List returns every readable record. Corrupt ones are quarantined and
-// skipped; an unreadable directory is an error.
+// List returns every record. Corrupt ones are quarantined and skipped,
+// ones of a newer format skipped; a directory or file that cannot be read
+// is an error, so nothing is mistaken for a released pod.
 func (s *Store) List() ([]*Record, error) {
 	entries, err := os.ReadDir(s.dir)
 	if err != nil {
@@ -114,11 +115,14 @@ func (s *Store) List() ([]*Record, error) {
 		}
 		r, err := s.read(e.Name())
 		var ce *corruptError
+		var ne *newerError
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
 			// Removed since ReadDir: released concurrently.
 		case errors.As(err, &ce):
 			s.quarantine(e.Name(), err)
+		case errors.As(err, &ne):
+			s.log.Warn("skipping a record this daemon cannot read", "error", err)
 		case err != nil:
 			return nil, err
 		default:
@@ -126,6 +130,16 @@ func (s *Store) List() ([]*Record, error) {
 		}
 	}
 	return out, nil
+}
+
+// newerError marks a record of a newer format than this daemon reads.
+type newerError struct {
+	file    string
+	version int
+}
+
+func (e *newerError) Error() string {
+	return fmt.Sprintf("record %s has format version %d; this nftredird reads up to %d: upgrade it", e.file, e.version, recordVersion)
 }
 
 // corruptError marks a record that exists but cannot be used.
@@ -141,16 +155,20 @@ func (s *Store) read(name string) (*Record, error) {
 	path := filepath.Join(s.dir, name)
 	data, err := os.ReadFile(path)
 	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, err
-		}
-		// EIO or EACCES on one file must not stop the daemon or hide the
-		// other pods: treat it like corruption.
-		return nil, &corruptError{file: path, err: err}
+		// Not corruption: running out of fds, EINTR or EIO say nothing
+		// about the record, and setting it aside would silently release
+		// a pod whose capture stays in its namespace. The caller fails
+		// and retries.
+		return nil, fmt.Errorf("read record %s: %w", path, err)
 	}
 	var r Record
 	if err := json.Unmarshal(data, &r); err != nil {
 		return nil, &corruptError{file: path, err: err}
+	}
+	if r.Version > recordVersion {
+		// Written by a newer daemon (after a rollback): valid, just not
+		// ours to read. Left in place for that daemon to find again.
+		return nil, &newerError{file: path, version: r.Version}
 	}
 	if err := r.check(); err != nil {
 		return nil, &corruptError{file: path, err: err}

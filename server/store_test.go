@@ -139,8 +139,16 @@ func TestStoreReloadAndQuarantine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(q) != 4 {
-		t.Errorf("quarantined %d files, want 4 (garbage, misplaced, bad mode, future version)", len(q))
+	if len(q) != 3 {
+		t.Errorf("quarantined %d files, want 3 (garbage, misplaced, bad mode)", len(q))
+	}
+	// A newer daemon's record is valid, just not ours: it stays in place
+	// for that daemon, and asking for it says what to do.
+	if _, err := os.Stat(filepath.Join(dir, fileName("pod-e"))); err != nil {
+		t.Errorf("newer-format record was moved: %v", err)
+	}
+	if r, err := st2.Get("pod-e"); r != nil || err == nil || !strings.Contains(err.Error(), "upgrade") {
+		t.Errorf("Get of a newer-format record = %v, %v; want an error saying to upgrade", r, err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, ".tmp-"+fileName("pod-f")+"-123")); !os.IsNotExist(err) {
 		t.Error("stale temp file survived OpenStore")
@@ -161,6 +169,18 @@ func TestStoreReloadAndQuarantine(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, fileName("pod-g"))); !os.IsNotExist(err) {
 		t.Error("corrupt record not moved aside by Get")
 	}
+	// A record that exists but cannot be read right now (here: something
+	// that is not a file under its name) is an error, not a released pod:
+	// quarantining it would leave the pod's capture untracked.
+	if err := os.Mkdir(filepath.Join(dir, fileName("pod-h")), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := st2.Get("pod-h"); r != nil || err == nil {
+		t.Errorf("Get of an unreadable record = %v, %v; want an error", r, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, fileName("pod-h"))); err != nil {
+		t.Errorf("unreadable record was moved: %v", err)
+	}
 }
 
 func TestSameIntentIgnoresTimestamps(t *testing.T) {
@@ -176,4 +196,5 @@ func TestSameIntentIgnoresTimestamps(t *testing.T) {
 	if sameIntent(nil, a) {
 		t.Error("a new record is a change")
 	}
+
 }
