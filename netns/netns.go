@@ -150,19 +150,25 @@ func (g *Guard) Open(path string) (*Handle, error) {
 	if !filepath.IsAbs(path) {
 		return nil, fmt.Errorf("%q: %w", path, ErrNotAbsolute)
 	}
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
+	// O_PATH first: opening a device for reading can have side effects
+	// (a watchdog starts counting, a tape rewinds), and the caller chose
+	// the path. Only a file on nsfs is then opened for real, through the
+	// O_PATH fd, so it is the same file.
+	pathFd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
 	if err != nil {
-		switch {
-		case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR):
-			return nil, fmt.Errorf("%s: %w", path, ErrNotExist)
-		case errors.Is(err, unix.ENXIO) || errors.Is(err, unix.ELOOP):
-			// ENXIO: a Unix socket; ELOOP: a symlink cycle. Neither can
-			// be a namespace.
-			return nil, fmt.Errorf("%s: %w", path, ErrNotNetns)
-		case errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM):
-			return nil, fmt.Errorf("%s: %w", path, ErrNoAccess)
-		}
-		return nil, fmt.Errorf("open %s: %w", path, err)
+		return nil, openError(path, err)
+	}
+	defer unix.Close(pathFd)
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(pathFd, &fs); err != nil {
+		return nil, fmt.Errorf("statfs %s: %w", path, err)
+	}
+	if fs.Type != unix.NSFS_MAGIC {
+		return nil, fmt.Errorf("%s is not a namespace file: %w", path, ErrNotNetns)
+	}
+	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", pathFd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, openError(path, err)
 	}
 	h := &Handle{fd: fd, path: path}
 	if err := g.check(h); err != nil {
@@ -170,6 +176,20 @@ func (g *Guard) Open(path string) (*Handle, error) {
 		return nil, err
 	}
 	return h, nil
+}
+
+func openError(path string, err error) error {
+	switch {
+	case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR):
+		return fmt.Errorf("%s: %w", path, ErrNotExist)
+	case errors.Is(err, unix.ENXIO) || errors.Is(err, unix.ELOOP):
+		// ENXIO: a Unix socket; ELOOP: a symlink cycle. Neither can be a
+		// namespace.
+		return fmt.Errorf("%s: %w", path, ErrNotNetns)
+	case errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM):
+		return fmt.Errorf("%s: %w", path, ErrNoAccess)
+	}
+	return fmt.Errorf("open %s: %w", path, err)
 }
 
 func (g *Guard) check(h *Handle) error {
