@@ -280,6 +280,29 @@ func TestNamespaceBelongsToOnePod(t *testing.T) {
 	ts.mustAdd(t, "intruder", ns.path) // free again
 }
 
+// TestBusyOwnerKeepsItsNamespace: while the owning pod has a call in
+// progress it may be moving out of the namespace, its record already
+// naming the new one but its cleanup here still to come. A newcomer must
+// wait, or that cleanup would remove the newcomer's rules.
+func TestBusyOwnerKeepsItsNamespace(t *testing.T) {
+	ns := newNetns(t)
+	ts := startServer(t, true)
+	ts.mustAdd(t, "owner", ns.path)
+	unlock, err := ts.srv.locks.lock(ctxT(t), "owner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Mid-move, as far as this namespace is concerned: no record names it.
+	if err := ts.srv.store.Delete("owner"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ts.add(t, "newcomer", ns.path); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("AddPod while the owner is busy: %v, want FailedPrecondition", err)
+	}
+	unlock()
+	ts.mustAdd(t, "newcomer", ns.path) // the owner is done and its record is gone
+}
+
 func TestFailedApplyChangesNothing(t *testing.T) {
 	ns := newNetns(t)
 	ts := startServer(t, true, withApplier(&failingApplier{Applier: nft.NewNetlink(), pod: "doomed"}))

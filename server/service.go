@@ -186,6 +186,13 @@ func (s *Server) claim(h *netns.Handle, uid string) error {
 // still leads there. When in doubt it says yes: refusing an AddPod is
 // recoverable, handing a namespace to a second pod is not.
 func (s *Server) stillOwns(owner string, id netns.ID) bool {
+	// An owner with a call in progress may be moving out of this
+	// namespace right now: its record already names the new one, but it
+	// has yet to clean up here, and would remove a newcomer's rules. It
+	// releases the namespace itself when done; until then it owns it.
+	if s.locks.refs(owner) > 0 {
+		return true
+	}
 	r, err := s.store.Get(owner)
 	if err != nil {
 		return true
