@@ -228,16 +228,27 @@ func (s *Server) rollbackAdd(log hclog.Logger, h *netns.Handle, rec, prev *Recor
 		}
 		s.owners.release(h.ID(), rec.PodUID)
 	}
+	// A watcher or proxy that took a snapshot while the new record
+	// existed may hold the pod as this call would have left it: tell
+	// them what stands instead.
 	if prev != nil {
-		errs = append(errs, s.store.Put(prev))
+		err := s.store.Put(prev)
+		errs = append(errs, err)
+		if err == nil && !sameNS {
+			s.watch.publish(nftredirv1.EventType_EVENT_TYPE_ADDED, prev.toProto())
+			if s.zds != nil {
+				s.zds.PodAdded(prev.zdsPod())
+			}
+		}
 	} else {
 		err := s.store.Delete(rec.PodUID)
 		errs = append(errs, err)
-		if err == nil && s.zds != nil {
-			// A proxy that connected while the record existed got the pod
-			// in its snapshot; it must not keep a namespace that is not
-			// captured.
-			s.zds.PodRemoved(rec.PodUID)
+		if err == nil {
+			s.watch.publish(nftredirv1.EventType_EVENT_TYPE_REMOVED, rec.toProto())
+			if s.zds != nil {
+				// It must not keep a namespace that is not captured.
+				s.zds.PodRemoved(rec.PodUID)
+			}
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
