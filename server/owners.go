@@ -45,6 +45,16 @@ func (o *owners) load(records []*Record, log hclog.Logger) {
 	for id, r := range newest {
 		o.byID[id] = r.PodUID
 	}
+	// A namespace a pod moved out of stays its own until cleaned up, so
+	// that nobody enrols it only to have those rules removed.
+	for _, r := range records {
+		if r.Leaving == nil {
+			continue
+		}
+		if id, err := netns.ParseID(r.Leaving.NetnsID); err == nil && o.byID[id] == "" {
+			o.byID[id] = r.PodUID
+		}
+	}
 }
 
 func (o *owners) owner(id netns.ID) string {

@@ -95,6 +95,8 @@ func (s *Server) reconcileOne(ctx context.Context, uid string) outcome {
 		return outcomeNone
 	}
 	log = log.With("netns", rec.NetnsPath)
+	// A move that crashed before cleaning up the namespace left behind.
+	s.finishLeaving(log, rec)
 	id, _ := rec.netnsID()
 	if cur, ok := s.owners.claim(id, uid, ""); !ok {
 		return s.drop(ctx, log, rec, fmt.Sprintf("namespace %s is enrolled by pod %s", id, cur))

@@ -35,6 +35,19 @@ type Record struct {
 	Routing        Routing    `json:"routing"`
 	EnrolledAt     time.Time  `json:"enrolledAt"`
 	UpdatedAt      time.Time  `json:"updatedAt"`
+	// Leaving is the namespace the pod moved out of, while its rules
+	// there may still be in place: AddPod records it with the move and
+	// clears it once that namespace is cleaned up, so a crash in between
+	// leaves the cleanup to reconcile instead of to nobody.
+	Leaving *Leaving `json:"leaving,omitempty"`
+}
+
+// Leaving names a namespace to clean up: its path, its identity when the
+// pod was enrolled there, and the routing installed there.
+type Leaving struct {
+	NetnsPath string  `json:"netnsPath"`
+	NetnsID   string  `json:"netnsId"`
+	Routing   Routing `json:"routing"`
 }
 
 // SpecRecord is nft.Spec in a stable JSON form (named fields, text

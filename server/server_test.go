@@ -263,6 +263,45 @@ func TestAddPodMovesToNewNamespace(t *testing.T) {
 	}
 }
 
+// TestReconcileFinishesAnInterruptedMove: a daemon that died between
+// recording a move and cleaning up the namespace left behind finds that
+// namespace in the record and cleans it up on its next reconcile.
+func TestReconcileFinishesAnInterruptedMove(t *testing.T) {
+	a, b := newNetns(t), newNetns(t)
+	ts := startServer(t, true)
+	pod := ts.mustAdd(t, "pod-1", a.path)
+	// What the store holds at the crash: the move recorded, a still
+	// carrying the pod's table and rule.
+	rec, err := ts.srv.store.Get("pod-1")
+	if err != nil || rec == nil {
+		t.Fatalf("record: %v, %v", rec, err)
+	}
+	h, err := ts.srv.guard.Open(b.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bID := h.ID()
+	h.Close()
+	rec.Leaving = &Leaving{NetnsPath: a.path, NetnsID: pod.NetnsId, Routing: rec.Routing}
+	rec.NetnsPath, rec.NetnsID = b.path, bID.String()
+	if err := ts.srv.store.Put(rec); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ts.srv.Reconcile(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if a.hasTable(t) || !b.hasTable(t) {
+		t.Errorf("after reconcile: left namespace has table %v, new one %v; want false, true", a.hasTable(t), b.hasTable(t))
+	}
+	if out := run(t, "ip", "-n", a.name, "rule", "show"); strings.Contains(out, "fwmark 0x111") {
+		t.Errorf("left namespace kept the rule:\n%s", out)
+	}
+	if rec, _ := ts.srv.store.Get("pod-1"); rec == nil || rec.Leaving != nil {
+		t.Errorf("record after reconcile: %+v; want the move marked finished", rec)
+	}
+	ts.mustAdd(t, "pod-2", a.path) // the left namespace is free again
+}
+
 func TestNamespaceBelongsToOnePod(t *testing.T) {
 	ns := newNetns(t)
 	ts := startServer(t, true)

@@ -115,6 +115,12 @@ func (s *Server) addPod(ctx context.Context, log hclog.Logger, a *addPod) (*Reco
 	}
 	if prev != nil {
 		rec.EnrolledAt = prev.EnrolledAt
+		rec.Leaving = prev.Leaving
+		if !sameNS {
+			// An older unfinished move, if any, is superseded: reconcile
+			// only tracks the latest namespace left behind.
+			rec.Leaving = &Leaving{NetnsPath: prev.NetnsPath, NetnsID: prev.NetnsID, Routing: prev.Routing}
+		}
 	}
 	if err := s.store.Put(rec); err != nil {
 		if !sameNS {
@@ -147,8 +153,7 @@ func (s *Server) addPod(ctx context.Context, log hclog.Logger, a *addPod) (*Reco
 		}
 	}
 	if prev != nil && !sameNS {
-		s.releaseOldNamespace(log, prev)
-		s.owners.release(prevID, a.uid)
+		s.finishLeaving(log, rec)
 	}
 	if !sameIntent(prev, rec) {
 		s.watch.publish(nftredirv1.EventType_EVENT_TYPE_ADDED, rec.toProto())
@@ -256,25 +261,39 @@ func (s *Server) rollbackAdd(log hclog.Logger, h *netns.Handle, rec, prev *Recor
 	}
 }
 
-// releaseOldNamespace removes the pod's table and routing from the
-// namespace it was enrolled in before, if its path still leads there.
-func (s *Server) releaseOldNamespace(log hclog.Logger, prev *Record) {
-	prevID, _ := prev.netnsID()
-	h, err := s.guard.Open(prev.NetnsPath)
-	if err != nil {
-		log.Debug("previous namespace is gone; nothing to remove there", "old_netns", prev.NetnsPath, "error", err)
+// finishLeaving removes the pod's table and routing from the namespace
+// it moved out of (rec.Leaving), if its path still leads there and no
+// other pod has enrolled it since, then clears rec.Leaving. Failures are
+// logged; reconcile calls this again for records that still carry it.
+func (s *Server) finishLeaving(log hclog.Logger, rec *Record) {
+	l := rec.Leaving
+	if l == nil {
 		return
 	}
-	defer h.Close()
-	if h.ID() != prevID {
-		log.Debug("previous path now names another namespace; leaving it alone", "old_netns", prev.NetnsPath)
-		return
+	leftID, _ := netns.ParseID(l.NetnsID)
+	if owner := s.owners.owner(leftID); owner == "" || owner == rec.PodUID {
+		if h, err := s.guard.Open(l.NetnsPath); err != nil {
+			log.Debug("previous namespace is gone; nothing to remove there", "old_netns", l.NetnsPath, "error", err)
+		} else {
+			defer h.Close()
+			if h.ID() != leftID {
+				log.Debug("previous path now names another namespace; leaving it alone", "old_netns", l.NetnsPath)
+			} else {
+				if err := s.applier.Remove(context.Background(), h); err != nil {
+					log.Warn("cannot remove the table from the pod's previous namespace; reconcile retries", "old_netns", l.NetnsPath, "error", err)
+					return
+				}
+				if err := netns.RemoveRouting(h, l.Routing.netns()); err != nil {
+					log.Warn("cannot remove routing from the pod's previous namespace; reconcile retries", "old_netns", l.NetnsPath, "error", err)
+					return
+				}
+			}
+		}
 	}
-	if err := s.applier.Remove(context.Background(), h); err != nil {
-		log.Warn("cannot remove the table from the pod's previous namespace", "old_netns", prev.NetnsPath, "error", err)
-	}
-	if err := netns.RemoveRouting(h, prev.Routing.netns()); err != nil {
-		log.Warn("cannot remove routing from the pod's previous namespace", "old_netns", prev.NetnsPath, "error", err)
+	s.owners.release(leftID, rec.PodUID)
+	rec.Leaving = nil
+	if err := s.store.Put(rec); err != nil {
+		log.Warn("cannot record the move as finished; reconcile retries", "error", err)
 	}
 }
 
