@@ -297,19 +297,30 @@ func (s *Server) finishLeaving(log hclog.Logger, rec *Record) {
 	}
 }
 
-// RemovePod releases a pod; unknown pods and vanished namespaces are fine.
-func (s *Server) RemovePod(ctx context.Context, req *nftredirv1.RemovePodRequest) (*nftredirv1.RemovePodResponse, error) {
+// enterPod starts a call about one existing pod key: the daemon must be
+// ready and the uid valid; the request's log line gets the pod, and the
+// caller gets the pod's lock (release it with the returned func).
+func (s *Server) enterPod(ctx context.Context, uid string) (unlock func(), err error) {
 	if err := s.checkReady(); err != nil {
 		return nil, err
 	}
-	uid := req.GetPodUid()
 	if err := validateUID(uid); err != nil {
 		return nil, err
 	}
 	logging.AddFields(ctx, logging.Fields{"pod", uid})
-	unlock, err := s.locks.lock(ctx, uid)
+	unlock, err = s.locks.lock(ctx, uid)
 	if err != nil {
 		return nil, toStatus(err)
+	}
+	return unlock, nil
+}
+
+// RemovePod releases a pod; unknown pods and vanished namespaces are fine.
+func (s *Server) RemovePod(ctx context.Context, req *nftredirv1.RemovePodRequest) (*nftredirv1.RemovePodResponse, error) {
+	uid := req.GetPodUid()
+	unlock, err := s.enterPod(ctx, uid)
+	if err != nil {
+		return nil, err
 	}
 	defer unlock()
 	defer s.lockProbe()()
@@ -357,17 +368,10 @@ func (s *Server) removePod(ctx context.Context, uid string) (bool, error) {
 
 // GetPod returns the record and a live comparison with the kernel.
 func (s *Server) GetPod(ctx context.Context, req *nftredirv1.GetPodRequest) (*nftredirv1.GetPodResponse, error) {
-	if err := s.checkReady(); err != nil {
-		return nil, err
-	}
 	uid := req.GetPodUid()
-	if err := validateUID(uid); err != nil {
-		return nil, err
-	}
-	logging.AddFields(ctx, logging.Fields{"pod", uid})
-	unlock, err := s.locks.lock(ctx, uid)
+	unlock, err := s.enterPod(ctx, uid)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, err
 	}
 	defer unlock()
 	resp, err := s.getPod(ctx, uid)
