@@ -122,18 +122,17 @@ func (s *Server) addPod(ctx context.Context, log hclog.Logger, a *addPod) (*Reco
 			rec.Leaving = &Leaving{NetnsPath: prev.NetnsPath, NetnsID: prev.NetnsID, Routing: prev.Routing}
 		}
 	}
-	if err := s.store.Put(rec); err != nil {
-		if !sameNS {
-			s.owners.release(id, a.uid)
-		}
-		return nil, nil, err
-	}
+	// The rollback covers the write itself: Put can fail after its rename
+	// (the directory fsync), leaving the new record in place.
 	committed := false
 	defer func() {
 		if !committed {
 			s.rollbackAdd(log, h, rec, prev, sameNS)
 		}
 	}()
+	if err := s.store.Put(rec); err != nil {
+		return nil, nil, err
+	}
 	if err := netns.EnsureRouting(h, s.routing); err != nil {
 		return nil, nil, fmt.Errorf("install policy routing: %w", err)
 	}
