@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"slices"
 	"syscall"
 	"time"
@@ -24,7 +25,21 @@ import (
 )
 
 func main() {
+	tuneGC(os.LookupEnv)
 	os.Exit(run(os.Args[1:], os.LookupEnv, os.Stderr))
+}
+
+// tuneGC trades a little memory for CPU. The daemon's live heap is a few
+// MiB, so at Go's default GOGC it collects every few AddPods: GC was a
+// fifth of AddPod's CPU. GOGC=300 under a 48 MiB soft limit cuts that
+// while bounding the trade. GOGC and GOMEMLIMIT still override both.
+func tuneGC(lookupEnv func(string) (string, bool)) {
+	if _, set := lookupEnv("GOGC"); !set {
+		debug.SetGCPercent(300)
+	}
+	if _, set := lookupEnv("GOMEMLIMIT"); !set {
+		debug.SetMemoryLimit(48 << 20)
+	}
 }
 
 // run returns the exit code: 0 after a clean stop, 1 when the daemon
