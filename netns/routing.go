@@ -141,6 +141,8 @@ func EnsureRouting(h *Handle, r Routing) error {
 		// A local route through a down lo is rejected (ENETDOWN), and lo
 		// only gets ::1 once up, which is how IPv6 is detected below.
 		// Runtimes bring lo up in the sandbox; we do if it is not yet.
+		// RemoveRouting leaves it up: a pod without a working loopback
+		// is broken anyway, and nothing else may rely on it being down.
 		if err := nh.LinkSetUp(lo); err != nil {
 			return fmt.Errorf("bring up lo: %w", err)
 		}

@@ -186,6 +186,12 @@ func resources(pid int) (int64, int, error) {
 
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
+// idleSettle is how long the leak check lets the daemon idle before the
+// readings it compares: the node probe manager keeps its netlink socket
+// for 1 s after its last change, and netlink sockets are closed in the
+// background after deletes; a reading inside that window counts them.
+const idleSettle = 3 * time.Second
+
 // cycleResult is the leak check: many add/remove cycles on a few
 // namespaces, with the daemon's RSS and fds sampled along the way.
 type cycleResult struct {
@@ -273,7 +279,7 @@ func (b *bench) cycleCheck(ctx context.Context) (*cycleResult, error) {
 	if err := run(max(conc, b.cfg.cycles/20)); err != nil {
 		return nil, err
 	}
-	b.sleep(ctx, time.Second)
+	b.sleep(ctx, idleSettle)
 	if res.before.rss, res.before.fds, err = resources(d.pid()); err != nil {
 		return nil, err
 	}
@@ -296,7 +302,7 @@ func (b *bench) cycleCheck(ctx context.Context) (*cycleResult, error) {
 	}
 	res.wall = time.Since(t0)
 	res.cycles = done
-	b.sleep(ctx, time.Second)
+	b.sleep(ctx, idleSettle)
 	res.after = point{cycles: done}
 	if res.after.rss, res.after.fds, err = resources(d.pid()); err != nil {
 		return nil, err
