@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/nftredir/nftredir/internal/durable"
 )
 
 // Store keeps one JSON record per pod in a directory. Each record is
@@ -30,7 +32,6 @@ type Store struct {
 
 const (
 	recordSuffix  = ".json"
-	tempPrefix    = ".tmp-"
 	quarantineDir = "quarantine"
 )
 
@@ -52,7 +53,7 @@ func OpenStore(dir string, log hclog.Logger) (*Store, error) {
 		return nil, fmt.Errorf("read state dir: %w", err)
 	}
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), tempPrefix) {
+		if strings.HasPrefix(e.Name(), durable.TempPrefix) {
 			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return nil, fmt.Errorf("remove stale temp file: %w", err)
 			}
@@ -189,7 +190,7 @@ func (s *Store) quarantine(name string, cause error) {
 		err = os.Rename(filepath.Join(s.dir, name), dst)
 	}
 	if err == nil {
-		err = syncDir(s.dir)
+		err = durable.SyncDir(s.dir)
 	}
 	if errors.Is(err, fs.ErrNotExist) {
 		return // another caller moved it first
@@ -207,63 +208,16 @@ func (s *Store) Put(r *Record) error {
 	if err != nil {
 		return fmt.Errorf("encode record of pod %s: %w", r.PodUID, err)
 	}
-	data = append(data, '\n')
-	name := fileName(r.PodUID)
-	f, err := os.CreateTemp(s.dir, tempPrefix+name+"-*")
-	if err != nil {
+	if err := durable.WriteFile(filepath.Join(s.dir, fileName(r.PodUID)), append(data, '\n')); err != nil {
 		return fmt.Errorf("write record of pod %s: %w", r.PodUID, err)
-	}
-	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if _, err := f.Write(data); err != nil {
-		return fmt.Errorf("write record of pod %s: %w", r.PodUID, err)
-	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("sync record of pod %s: %w", r.PodUID, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close record of pod %s: %w", r.PodUID, err)
-	}
-	if err := os.Rename(tmp, filepath.Join(s.dir, name)); err != nil {
-		return fmt.Errorf("commit record of pod %s: %w", r.PodUID, err)
-	}
-	ok = true
-	if err := syncDir(s.dir); err != nil {
-		return fmt.Errorf("commit record of pod %s: %w", r.PodUID, err)
 	}
 	return nil
 }
 
 // Delete removes the pod's record durably; a missing record is fine.
 func (s *Store) Delete(podUID string) error {
-	err := os.Remove(filepath.Join(s.dir, fileName(podUID)))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
+	if err := durable.Remove(filepath.Join(s.dir, fileName(podUID))); err != nil {
 		return fmt.Errorf("delete record of pod %s: %w", podUID, err)
-	}
-	if err := syncDir(s.dir); err != nil {
-		return fmt.Errorf("delete record of pod %s: %w", podUID, err)
-	}
-	return nil
-}
-
-// syncDir makes a rename or unlink in dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("open %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
 	}
 	return nil
 }

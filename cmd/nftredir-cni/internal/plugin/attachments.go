@@ -7,6 +7,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
+
+	"github.com/nftredir/nftredir/internal/durable"
 )
 
 // The daemon's records carry no CNI attachment (container id, ifname), and
@@ -70,32 +73,15 @@ func (s attachments) Put(a Attachment) error {
 	if err != nil {
 		return fmt.Errorf("encode attachment record: %w", err)
 	}
-	f, err := os.CreateTemp(dir, ".tmp-")
-	if err != nil {
+	if err := durable.WriteFile(s.path(a.Network, a.ContainerID, a.IfName), b); err != nil {
 		return fmt.Errorf("write attachment record: %w", err)
 	}
-	tmp := f.Name()
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, s.path(a.Network, a.ContainerID, a.IfName))
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("write attachment record: %w", err)
-	}
-	return syncDir(dir)
+	return nil
 }
 
 // Delete removes the record; a missing one is fine.
 func (s attachments) Delete(network, containerID, ifname string) error {
-	err := os.Remove(s.path(network, containerID, ifname))
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := durable.Remove(s.path(network, containerID, ifname)); err != nil {
 		return fmt.Errorf("remove attachment record: %w", err)
 	}
 	return nil
@@ -116,6 +102,9 @@ func (s attachments) List(network string) ([]Attachment, error) {
 	var out []Attachment
 	var errs []error
 	for _, f := range files {
+		if strings.HasPrefix(filepath.Base(f), durable.TempPrefix) {
+			continue // a write a crash interrupted; never acknowledged
+		}
 		b, err := os.ReadFile(f)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue // removed by a concurrent DEL of another container
@@ -131,16 +120,4 @@ func (s attachments) List(network string) ([]Attachment, error) {
 		out = append(out, a)
 	}
 	return out, errors.Join(errs...)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	return nil
 }
