@@ -1,16 +1,12 @@
 package nft_test
 
 import (
-	"flag"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"testing"
 
+	"github.com/nftredir/nftredir/internal/golden"
 	"github.com/nftredir/nftredir/nft"
 )
-
-var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current builder")
 
 type goldenCase struct {
 	name string
@@ -62,21 +58,7 @@ func TestBuildGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := rs.String()
-			path := filepath.Join("testdata", tc.name+".golden")
-			if *update {
-				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run go test ./nft -run TestBuildGolden -update)", err)
-			}
-			if got != string(want) {
-				t.Errorf("ruleset for %s changed; if intended, rerun with -update\n--- got\n%s\n--- want\n%s", tc.name, got, want)
-			}
+			golden.Check(t, tc.name, rs.String())
 		})
 	}
 }

@@ -1,16 +1,12 @@
 package probe_test
 
 import (
-	"flag"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"testing"
 
+	"github.com/nftredir/nftredir/internal/golden"
 	"github.com/nftredir/nftredir/probe"
 )
-
-var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current builder")
 
 type goldenCase struct {
 	name string
@@ -45,21 +41,7 @@ func TestBuildGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := rs.String()
-			path := filepath.Join("testdata", tc.name+".golden")
-			if *update {
-				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run go test ./probe -run TestBuildGolden -update)", err)
-			}
-			if got != string(want) {
-				t.Errorf("node table for %s changed; if intended, rerun with -update\n--- got\n%s\n--- want\n%s", tc.name, got, want)
-			}
+			golden.Check(t, tc.name, rs.String())
 		})
 	}
 }
