@@ -192,14 +192,9 @@ func openError(path string, err error) error {
 	return fmt.Errorf("open %s: %w", path, err)
 }
 
+// check runs on the fd Open reopened from its O_PATH fd, which Open has
+// already found on nsfs.
 func (g *Guard) check(h *Handle) error {
-	var fs unix.Statfs_t
-	if err := unix.Fstatfs(h.fd, &fs); err != nil {
-		return fmt.Errorf("statfs %s: %w", h.path, err)
-	}
-	if fs.Type != unix.NSFS_MAGIC {
-		return fmt.Errorf("%s is not a namespace file: %w", h.path, ErrNotNetns)
-	}
 	nstype, err := unix.IoctlRetInt(h.fd, unix.NS_GET_NSTYPE)
 	if err != nil {
 		return fmt.Errorf("query namespace type of %s: %w", h.path, err)
