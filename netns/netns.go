@@ -139,7 +139,6 @@ func NewGuard(extraProtected ...string) (*Guard, error) {
 // Warnings says what the guard could not protect, for the daemon's log.
 func (g *Guard) Warnings() []string { return append([]string(nil), g.warnings...) }
 
-
 // Open opens path once and checks the opened file itself: it must live on
 // nsfs, be a network namespace, and not be a protected namespace. Symlinks
 // (including /proc/PID/ns/net) are followed; the checks apply to whatever
