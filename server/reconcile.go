@@ -17,6 +17,7 @@ type ReconcileResult struct {
 	Repaired int // table or routing re-applied
 	Dropped  int // namespace gone or replaced: record removed, nothing programmed
 	Failed   int // could not be checked or repaired; retried next pass
+	Released int // an interrupted RemovePod finished
 }
 
 type outcome int
@@ -27,6 +28,7 @@ const (
 	outcomeRepaired
 	outcomeDropped
 	outcomeFailed
+	outcomeReleased
 )
 
 // Reconcile checks every record against its live namespace: re-applies
@@ -57,6 +59,8 @@ func (s *Server) Reconcile(ctx context.Context) (ReconcileResult, error) {
 					res.Dropped++
 				case outcomeFailed:
 					res.Failed++
+				case outcomeReleased:
+					res.Released++
 				}
 				mu.Unlock()
 			}
@@ -69,10 +73,10 @@ func (s *Server) Reconcile(ctx context.Context) (ReconcileResult, error) {
 	wg.Wait()
 	s.reconcileProbe(ctx)
 	level := hclog.Debug
-	if res.Repaired+res.Dropped+res.Failed > 0 {
+	if res.Repaired+res.Dropped+res.Failed+res.Released > 0 {
 		level = hclog.Info
 	}
-	s.log.Log(level, "reconcile done", "pods", len(records), "in_sync", res.InSync, "repaired", res.Repaired, "dropped", res.Dropped, "failed", res.Failed)
+	s.log.Log(level, "reconcile done", "pods", len(records), "in_sync", res.InSync, "repaired", res.Repaired, "dropped", res.Dropped, "failed", res.Failed, "released", res.Released)
 	return res, nil
 }
 
@@ -95,6 +99,9 @@ func (s *Server) reconcileOne(ctx context.Context, uid string) outcome {
 		return outcomeNone
 	}
 	log = log.With("netns", rec.NetnsPath)
+	if rec.Removing {
+		return s.reconcileRemoving(ctx, log, rec)
+	}
 	// A move that crashed before cleaning up the namespace left behind.
 	s.finishLeaving(log, rec)
 	id, _ := rec.netnsID()
@@ -162,4 +169,16 @@ func (s *Server) drop(ctx context.Context, log hclog.Logger, rec *Record, reason
 	s.watch.publish(nftredirv1.EventType_EVENT_TYPE_REMOVED, rec.toProto())
 	log.Info("record dropped", "reason", reason)
 	return outcomeDropped
+}
+
+// reconcileRemoving finishes a RemovePod that recorded its intent but did
+// not complete: the caller asked for the pod to go, so its capture is
+// released rather than restored.
+func (s *Server) reconcileRemoving(ctx context.Context, log hclog.Logger, rec *Record) outcome {
+	defer s.lockProbe()()
+	if err := s.finishRemove(ctx, rec); err != nil {
+		log.Error("cannot finish an interrupted RemovePod; retrying next pass", "error", err)
+		return outcomeFailed
+	}
+	return outcomeReleased
 }

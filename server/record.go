@@ -40,6 +40,11 @@ type Record struct {
 	// clears it once that namespace is cleaned up, so a crash in between
 	// leaves the cleanup to reconcile instead of to nobody.
 	Leaving *Leaving `json:"leaving,omitempty"`
+	// Removing is set by RemovePod before it touches the kernel: a call
+	// that cannot write it changes nothing, and one that fails or dies
+	// after it is finished by the next RemovePod or reconcile, which
+	// release the pod instead of restoring its capture.
+	Removing bool `json:"removing,omitempty"`
 }
 
 // Leaving names a namespace to clean up: its path, its identity when the

@@ -335,6 +335,22 @@ func (s *Server) removePod(ctx context.Context, uid string) (bool, error) {
 	if err != nil || rec == nil {
 		return false, err
 	}
+	if !rec.Removing {
+		marked := *rec
+		marked.Removing = true
+		if err := s.store.Put(&marked); err != nil {
+			return true, fmt.Errorf("record the removal before releasing the pod (nothing was changed): %w", err)
+		}
+		rec = &marked
+	}
+	return true, s.finishRemove(ctx, rec)
+}
+
+// finishRemove releases a pod whose record is marked Removing: its table
+// and routing, then the record. Failures leave the record marked, for a
+// repeated RemovePod or reconcile to finish.
+func (s *Server) finishRemove(ctx context.Context, rec *Record) error {
+	uid := rec.PodUID
 	log := s.log.With("pod", uid, "netns", rec.NetnsPath)
 	id, _ := rec.netnsID()
 	h, err := s.open(rec.NetnsPath)
@@ -342,10 +358,10 @@ func (s *Server) removePod(ctx context.Context, uid string) (bool, error) {
 	case err == nil && h.ID() == id:
 		defer h.Close()
 		if err := s.applier.Remove(ctx, h); err != nil {
-			return true, err
+			return err
 		}
 		if err := netns.RemoveRouting(h, rec.Routing.netns()); err != nil {
-			return true, fmt.Errorf("remove policy routing: %w", err)
+			return fmt.Errorf("remove policy routing: %w", err)
 		}
 	case err == nil:
 		h.Close()
@@ -353,16 +369,16 @@ func (s *Server) removePod(ctx context.Context, uid string) (bool, error) {
 	case namespaceGone(err):
 		log.Debug("namespace already gone", "error", err)
 	default:
-		return true, err
+		return err
 	}
 	if err := s.store.Delete(uid); err != nil {
-		return true, err
+		return err
 	}
 	s.owners.release(id, uid)
 	s.released(ctx, log, uid)
 	s.watch.publish(nftredirv1.EventType_EVENT_TYPE_REMOVED, rec.toProto())
 	log.Info("pod released")
-	return true, nil
+	return nil
 }
 
 // GetPod returns the record and a live comparison with the kernel.

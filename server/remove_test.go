@@ -1,0 +1,112 @@
+package server
+
+import (
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+)
+
+// readOnly bind-mounts dir read-only over itself, as a state directory on
+// a file system remounted ro would be; the returned func (also run at
+// cleanup) makes it writable again. As root, file modes would not stop
+// the writes. The mount is private, so it reaches no other namespace.
+func readOnly(t *testing.T, dir string) (writable func()) {
+	t.Helper()
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		t.Fatalf("bind mount %s: %v", dir, err)
+	}
+	done := false
+	writable = func() {
+		if !done {
+			done = true
+			if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+				t.Errorf("unmount %s: %v", dir, err)
+			}
+		}
+	}
+	t.Cleanup(writable)
+	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
+		t.Fatalf("make %s private: %v", dir, err)
+	}
+	if err := unix.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
+		t.Fatalf("remount %s read-only: %v", dir, err)
+	}
+	return writable
+}
+
+// TestRemovePodOnReadOnlyStateDirChangesNothing: a RemovePod that cannot
+// record its outcome must leave the pod exactly as it was, captured and
+// enrolled, so that neither the reply nor a later reconcile contradicts
+// the kernel; once the directory is writable again the same call works.
+func TestRemovePodOnReadOnlyStateDirChangesNothing(t *testing.T) {
+	ns := newNetns(t)
+	ts := startServer(t, true)
+	ts.mustAdd(t, "pod-1", ns.path)
+	table := ns.listTable(t)
+	writable := readOnly(t, ts.srv.store.Dir())
+
+	_, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "pod-1"})
+	if err == nil {
+		t.Fatal("RemovePod succeeded on a read-only state directory")
+	}
+	if st := status.Convert(err); st.Code() != codes.Internal || !strings.Contains(st.Message(), "read-only file system") {
+		t.Errorf("RemovePod = %v; want Internal naming the read-only file system", err)
+	}
+	if !ns.hasTable(t) || ns.listTable(t) != table {
+		t.Fatal("a failed RemovePod changed the pod's table")
+	}
+	if out := run(t, "ip", "-n", ns.name, "rule", "show"); !strings.Contains(out, "fwmark 0x111/0xfff lookup 100") {
+		t.Fatalf("a failed RemovePod removed the routing:\n%s", out)
+	}
+	if got := ts.get(t, "pod-1"); got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC {
+		t.Errorf("after the failed RemovePod: %v %q, want IN_SYNC", got.SyncStatus, got.Detail)
+	}
+	if res, err := ts.srv.Reconcile(ctxT(t)); err != nil || res != (ReconcileResult{InSync: 1}) {
+		t.Errorf("Reconcile = %+v, %v; want the pod in sync and untouched", res, err)
+	}
+
+	writable()
+	resp, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "pod-1"})
+	if err != nil || !resp.Existed {
+		t.Fatalf("RemovePod once writable = %v, %v", resp, err)
+	}
+	if ns.hasTable(t) || len(ts.records(t)) != 0 {
+		t.Fatal("table or record left after RemovePod")
+	}
+	if res, err := ts.srv.Reconcile(ctxT(t)); err != nil || res != (ReconcileResult{}) || ns.hasTable(t) {
+		t.Errorf("Reconcile after the release = %+v, %v; it must not restore capture", res, err)
+	}
+}
+
+// TestInterruptedRemovePodIsFinished: a RemovePod that recorded its
+// intent and then failed or died is finished by reconcile, which releases
+// the pod instead of restoring its capture.
+func TestInterruptedRemovePodIsFinished(t *testing.T) {
+	ns := newNetns(t)
+	ts := startServer(t, true)
+	ts.mustAdd(t, "pod-1", ns.path)
+	rec, err := ts.srv.store.Get("pod-1")
+	if err != nil || rec == nil {
+		t.Fatalf("record: %v, %v", rec, err)
+	}
+	rec.Removing = true // what the store holds after a crash past the intent
+	if err := ts.srv.store.Put(rec); err != nil {
+		t.Fatal(err)
+	}
+	res, err := ts.srv.Reconcile(ctxT(t))
+	if err != nil || res != (ReconcileResult{Released: 1}) {
+		t.Fatalf("Reconcile = %+v, %v; want one release", res, err)
+	}
+	if ns.hasTable(t) || len(ts.records(t)) != 0 {
+		t.Fatal("table or record left after reconcile finished the removal")
+	}
+	if out := run(t, "ip", "-n", ns.name, "rule", "show"); strings.Contains(out, "fwmark 0x111") {
+		t.Errorf("routing left after reconcile finished the removal:\n%s", out)
+	}
+	ts.mustAdd(t, "pod-2", ns.path) // the namespace is free again
+}
