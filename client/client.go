@@ -164,13 +164,19 @@ func (c *Client) GetPod(ctx context.Context, podUID string) (*nftredirv1.GetPodR
 
 // ListPods returns every enrolled pod.
 func (c *Client) ListPods(ctx context.Context) ([]*nftredirv1.Pod, error) {
-	resp, err := call(ctx, c, func(ctx context.Context) (*nftredirv1.ListPodsResponse, error) {
-		return c.rpc.ListPods(ctx, &nftredirv1.ListPodsRequest{})
-	})
+	resp, err := c.List(ctx)
 	if err != nil {
 		return nil, err
 	}
 	return resp.GetPods(), nil
+}
+
+// List returns the whole ListPods answer: the enrolled pods and the
+// records quarantined as corrupt whose pods were not released.
+func (c *Client) List(ctx context.Context) (*nftredirv1.ListPodsResponse, error) {
+	return call(ctx, c, func(ctx context.Context) (*nftredirv1.ListPodsResponse, error) {
+		return c.rpc.ListPods(ctx, &nftredirv1.ListPodsRequest{})
+	})
 }
 
 // HealthStatus is the daemon's answer to grpc.health.v1 Check for the

@@ -42,4 +42,7 @@ type Applier interface {
 	// Verify compares the live table with rs. The returned text describes
 	// the live table (rs's rendering for rules that match it).
 	Verify(ctx context.Context, ns *netns.Handle, rs *Ruleset) (Status, string, error)
+	// Owner returns the pod id our table in ns carries ("" when it cannot
+	// be attributed to exactly one pod) and whether the table exists.
+	Owner(ctx context.Context, ns *netns.Handle) (pod string, exists bool, err error)
 }

@@ -332,8 +332,11 @@ func (s *Server) RemovePod(ctx context.Context, req *nftredirv1.RemovePodRequest
 
 func (s *Server) removePod(ctx context.Context, uid string) (bool, error) {
 	rec, err := s.store.Get(uid)
-	if err != nil || rec == nil {
+	if err != nil {
 		return false, err
+	}
+	if rec == nil {
+		return s.releaseQuarantined(ctx, uid)
 	}
 	if !rec.Removing {
 		marked := *rec
@@ -343,7 +346,13 @@ func (s *Server) removePod(ctx context.Context, uid string) (bool, error) {
 		}
 		rec = &marked
 	}
-	return true, s.finishRemove(ctx, rec)
+	if err := s.finishRemove(ctx, rec); err != nil {
+		return true, err
+	}
+	// A record set aside before this one was written may name another
+	// namespace that still holds the pod's capture.
+	_, err = s.releaseQuarantined(ctx, uid)
+	return true, err
 }
 
 // finishRemove releases a pod whose record is marked Removing: its table
@@ -402,7 +411,7 @@ func (s *Server) getPod(ctx context.Context, uid string) (*nftredirv1.GetPodResp
 		return nil, err
 	}
 	if rec == nil {
-		return nil, status.Errorf(codes.NotFound, "pod %s is not enrolled; ListPods shows the enrolled pods", uid)
+		return s.getQuarantined(uid)
 	}
 	resp := &nftredirv1.GetPodResponse{Pod: s.withZDSState(rec.toProto())}
 	live, err := s.inspect(ctx, rec)
@@ -436,7 +445,15 @@ func (s *Server) ListPods(ctx context.Context, _ *nftredirv1.ListPodsRequest) (*
 	for _, p := range pods {
 		s.withZDSState(p)
 	}
-	return &nftredirv1.ListPodsResponse{Pods: pods}, nil
+	qs, err := s.store.quarantinedAll()
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	resp := &nftredirv1.ListPodsResponse{Pods: pods}
+	for _, q := range qs {
+		resp.Quarantined = append(resp.Quarantined, q.toProto())
+	}
+	return resp, nil
 }
 
 func (s *Server) listPods() ([]*nftredirv1.Pod, error) {

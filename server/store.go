@@ -162,6 +162,12 @@ func (s *Store) read(name string) (*Record, error) {
 		// and retries.
 		return nil, fmt.Errorf("read record %s: %w", path, err)
 	}
+	return decodeRecord(path, name, data)
+}
+
+// decodeRecord checks a record's bytes as read, name being the file name
+// it must be stored under.
+func decodeRecord(path, name string, data []byte) (*Record, error) {
 	var r Record
 	if err := json.Unmarshal(data, &r); err != nil {
 		return nil, &corruptError{file: path, err: err}
@@ -199,7 +205,7 @@ func (s *Store) quarantine(name string, cause error) {
 		s.log.Error("cannot quarantine corrupt record; ignoring it", "file", filepath.Join(s.dir, name), "cause", cause, "error", err)
 		return
 	}
-	s.log.Error("corrupt record moved to quarantine; the pod is no longer enrolled and must be added again", "file", dst, "cause", cause)
+	s.log.Error("corrupt record moved to quarantine; the pod is no longer enrolled and its capture may remain in its namespace: RemovePod releases it, AddPod enrols it afresh", "file", dst, "cause", cause)
 }
 
 // Put writes the record atomically and durably.

@@ -49,14 +49,15 @@ type Fake struct {
 	// Now stamps records; tests may replace it before serving.
 	Now func() time.Time
 
-	mu       sync.Mutex // protects the following fields
-	pods     map[string]*nftredirv1.Pod
-	sync     map[string]*nftredirv1.GetPodResponse
-	watchers map[chan *nftredirv1.WatchPodsResponse]struct{}
-	faults   map[string][]error
-	delays   map[string]time.Duration
-	calls    map[string]int
-	requests []proto.Message
+	mu          sync.Mutex // protects the following fields
+	pods        map[string]*nftredirv1.Pod
+	sync        map[string]*nftredirv1.GetPodResponse
+	watchers    map[chan *nftredirv1.WatchPodsResponse]struct{}
+	faults      map[string][]error
+	delays      map[string]time.Duration
+	calls       map[string]int
+	requests    []proto.Message
+	quarantined []*nftredirv1.QuarantinedRecord
 }
 
 // New returns an empty fake.
@@ -267,7 +268,18 @@ func (f *Fake) GetPod(_ context.Context, req *nftredirv1.GetPodRequest) (*nftred
 func (f *Fake) ListPods(context.Context, *nftredirv1.ListPodsRequest) (*nftredirv1.ListPodsResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return &nftredirv1.ListPodsResponse{Pods: f.sorted()}, nil
+	resp := &nftredirv1.ListPodsResponse{Pods: f.sorted()}
+	for _, q := range f.quarantined {
+		resp.Quarantined = append(resp.Quarantined, proto.CloneOf(q))
+	}
+	return resp, nil
+}
+
+// SetQuarantined makes ListPods report these quarantined records.
+func (f *Fake) SetQuarantined(recs ...*nftredirv1.QuarantinedRecord) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.quarantined = recs
 }
 
 func (f *Fake) sorted() []*nftredirv1.Pod {

@@ -169,7 +169,9 @@ var listCmd = &command{
 	summary: "list enrolled pods",
 	help: `
 Lists every pod the daemon has enrolled, from its records (it does not check
-the namespaces; use get for that). -o json prints the API's
+the namespaces; use get for that), then any record set aside as corrupt
+whose pod was not released: its capture may remain until RemovePod of its
+uid (nftredirctl remove). -o json prints the API's
 ListPodsResponse, as grpcurl would.
 
 Examples:
@@ -182,18 +184,19 @@ Examples:
 			if len(args) > 0 {
 				return usagef("unexpected argument %q (list takes no arguments)", args[0])
 			}
-			pods, err := c.ListPods(ctx)
+			resp, err := c.List(ctx)
 			if err != nil {
 				return err
 			}
 			if *out == "json" {
-				return printJSON(a.stdout, &nftredirv1.ListPodsResponse{Pods: pods})
+				return printJSON(a.stdout, &nftredirv1.ListPodsResponse{Pods: resp.GetPods(), Quarantined: resp.GetQuarantined()})
 			}
-			if len(pods) == 0 {
+			if len(resp.GetPods()) == 0 {
 				fmt.Fprintln(a.stdout, "No pods enrolled.")
-				return nil
+			} else if err := a.printTable(a.stdout, resp.GetPods()); err != nil {
+				return err
 			}
-			return a.printTable(a.stdout, pods)
+			return printQuarantined(a.stdout, resp.GetQuarantined())
 		}
 	},
 }

@@ -517,3 +517,20 @@ func TestWatchDaemonGone(t *testing.T) {
 		t.Fatal("watch did not end when the daemon stopped")
 	}
 }
+
+func TestListShowsQuarantined(t *testing.T) {
+	e := newEnv(t)
+	q := &nftredirv1.QuarantinedRecord{File: "/run/nftredir/pods/quarantine/ab.json.20261201T000000.000000000Z", PodUid: "u9",
+		NetnsPath: "/var/run/netns/cni-9", NetnsId: "4:4026532999", Reason: "corrupt record: unexpected end of JSON input"}
+	e.fake.SetQuarantined(q)
+	out := e.mustRun(t, "list")
+	for _, want := range []string{"No pods enrolled.", "1 quarantined record(s)", "u9", "/var/run/netns/cni-9", q.File, q.Reason} {
+		if !strings.Contains(out, want) {
+			t.Errorf("list does not show %q:\n%s", want, out)
+		}
+	}
+	var got nftredirv1.ListPodsResponse
+	if err := protojson.Unmarshal([]byte(e.mustRun(t, "list", "-o", "json")), &got); err != nil || len(got.Quarantined) != 1 || !proto.Equal(got.Quarantined[0], q) {
+		t.Errorf("list -o json = %v, %v; want the quarantined record", &got, err)
+	}
+}

@@ -59,10 +59,11 @@ func onOff(b *bool) string {
 }
 
 var syncNames = map[nftredirv1.SyncStatus]string{
-	nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC:    "in sync",
-	nftredirv1.SyncStatus_SYNC_STATUS_DRIFTED:    "drifted (the live rules differ from the record)",
-	nftredirv1.SyncStatus_SYNC_STATUS_NETNS_GONE: "netns gone (the pod's namespace no longer exists)",
-	nftredirv1.SyncStatus_SYNC_STATUS_ABSENT:     "absent (the pod's table is missing from its namespace)",
+	nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC:     "in sync",
+	nftredirv1.SyncStatus_SYNC_STATUS_DRIFTED:     "drifted (the live rules differ from the record)",
+	nftredirv1.SyncStatus_SYNC_STATUS_NETNS_GONE:  "netns gone (the pod's namespace no longer exists)",
+	nftredirv1.SyncStatus_SYNC_STATUS_ABSENT:      "absent (the pod's table is missing from its namespace)",
+	nftredirv1.SyncStatus_SYNC_STATUS_QUARANTINED: "quarantined (the record is corrupt; capture may remain until the pod is removed)",
 }
 
 func syncName(s nftredirv1.SyncStatus) string {
@@ -144,6 +145,21 @@ func (a *app) printTable(w io.Writer, pods []*nftredirv1.Pod) error {
 			fmt.Fprintf(t, "%s\t", dash(p.GetZdsState()))
 		}
 		fmt.Fprintf(t, "%s\n", age(now, p.GetEnrolledAt()))
+	}
+	return t.Flush()
+}
+
+// printQuarantined lists corrupt records whose pods may still be
+// captured, after the pods; nothing when there are none.
+func printQuarantined(w io.Writer, recs []*nftredirv1.QuarantinedRecord) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	fmt.Fprintf(w, "\n%d quarantined record(s): corrupt, the pod's capture may remain; remove the pod to release it.\n", len(recs))
+	t := newTable(w)
+	fmt.Fprintln(t, "POD UID\tNETNS\tFILE\tREASON")
+	for _, q := range recs {
+		fmt.Fprintf(t, "%s\t%s\t%s\t%s\n", dash(q.GetPodUid()), dash(q.GetNetnsPath()), q.GetFile(), q.GetReason())
 	}
 	return t.Flush()
 }

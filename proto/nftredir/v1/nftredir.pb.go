@@ -141,6 +141,11 @@ const (
 	// The namespace exists but our table is missing from it. Reconcile, or a
 	// repeated AddPod, restores it.
 	SyncStatus_SYNC_STATUS_ABSENT SyncStatus = 4
+	// The pod's record was corrupt and has been set aside (quarantined). The
+	// pod is not enrolled, but its capture may still be in its namespace;
+	// RemovePod releases it, AddPod enrols the pod afresh. The pod holds what
+	// could still be read of the record.
+	SyncStatus_SYNC_STATUS_QUARANTINED SyncStatus = 5
 )
 
 // Enum value maps for SyncStatus.
@@ -151,6 +156,7 @@ var (
 		2: "SYNC_STATUS_DRIFTED",
 		3: "SYNC_STATUS_NETNS_GONE",
 		4: "SYNC_STATUS_ABSENT",
+		5: "SYNC_STATUS_QUARANTINED",
 	}
 	SyncStatus_value = map[string]int32{
 		"SYNC_STATUS_UNSPECIFIED": 0,
@@ -158,6 +164,7 @@ var (
 		"SYNC_STATUS_DRIFTED":     2,
 		"SYNC_STATUS_NETNS_GONE":  3,
 		"SYNC_STATUS_ABSENT":      4,
+		"SYNC_STATUS_QUARANTINED": 5,
 	}
 )
 
@@ -780,7 +787,11 @@ type ListPodsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The records, ordered by pod_namespace, pod_name, pod_uid. Empty when no
 	// pod is enrolled.
-	Pods          []*Pod `protobuf:"bytes,1,rep,name=pods,proto3" json:"pods,omitempty"`
+	Pods []*Pod `protobuf:"bytes,1,rep,name=pods,proto3" json:"pods,omitempty"`
+	// Records set aside as corrupt whose pods have not been released since:
+	// their capture may still be in place. RemovePod of the pod_uid releases
+	// it.
+	Quarantined   []*QuarantinedRecord `protobuf:"bytes,2,rep,name=quarantined,proto3" json:"quarantined,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -822,6 +833,96 @@ func (x *ListPodsResponse) GetPods() []*Pod {
 	return nil
 }
 
+func (x *ListPodsResponse) GetQuarantined() []*QuarantinedRecord {
+	if x != nil {
+		return x.Quarantined
+	}
+	return nil
+}
+
+// QuarantinedRecord is a pod record the daemon could not use, with what
+// could still be read of it.
+type QuarantinedRecord struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The file it was moved to, for a person to inspect.
+	File string `protobuf:"bytes,1,opt,name=file,proto3" json:"file,omitempty"`
+	// The pod uid the record is stored under, if it could be read; may be
+	// empty when the damage took it.
+	PodUid string `protobuf:"bytes,2,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
+	// The namespace path and identity it names, if they could be read.
+	NetnsPath string `protobuf:"bytes,3,opt,name=netns_path,json=netnsPath,proto3" json:"netns_path,omitempty"`
+	NetnsId   string `protobuf:"bytes,4,opt,name=netns_id,json=netnsId,proto3" json:"netns_id,omitempty"`
+	// Why the record was set aside.
+	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuarantinedRecord) Reset() {
+	*x = QuarantinedRecord{}
+	mi := &file_nftredir_v1_nftredir_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuarantinedRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuarantinedRecord) ProtoMessage() {}
+
+func (x *QuarantinedRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_nftredir_v1_nftredir_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuarantinedRecord.ProtoReflect.Descriptor instead.
+func (*QuarantinedRecord) Descriptor() ([]byte, []int) {
+	return file_nftredir_v1_nftredir_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *QuarantinedRecord) GetFile() string {
+	if x != nil {
+		return x.File
+	}
+	return ""
+}
+
+func (x *QuarantinedRecord) GetPodUid() string {
+	if x != nil {
+		return x.PodUid
+	}
+	return ""
+}
+
+func (x *QuarantinedRecord) GetNetnsPath() string {
+	if x != nil {
+		return x.NetnsPath
+	}
+	return ""
+}
+
+func (x *QuarantinedRecord) GetNetnsId() string {
+	if x != nil {
+		return x.NetnsId
+	}
+	return ""
+}
+
+func (x *QuarantinedRecord) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // WatchPodsRequest has no parameters; it watches every enrolled pod.
 type WatchPodsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -831,7 +932,7 @@ type WatchPodsRequest struct {
 
 func (x *WatchPodsRequest) Reset() {
 	*x = WatchPodsRequest{}
-	mi := &file_nftredir_v1_nftredir_proto_msgTypes[9]
+	mi := &file_nftredir_v1_nftredir_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -843,7 +944,7 @@ func (x *WatchPodsRequest) String() string {
 func (*WatchPodsRequest) ProtoMessage() {}
 
 func (x *WatchPodsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_nftredir_v1_nftredir_proto_msgTypes[9]
+	mi := &file_nftredir_v1_nftredir_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -856,7 +957,7 @@ func (x *WatchPodsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchPodsRequest.ProtoReflect.Descriptor instead.
 func (*WatchPodsRequest) Descriptor() ([]byte, []int) {
-	return file_nftredir_v1_nftredir_proto_rawDescGZIP(), []int{9}
+	return file_nftredir_v1_nftredir_proto_rawDescGZIP(), []int{10}
 }
 
 // WatchPodsResponse is one event of the WatchPods stream.
@@ -872,7 +973,7 @@ type WatchPodsResponse struct {
 
 func (x *WatchPodsResponse) Reset() {
 	*x = WatchPodsResponse{}
-	mi := &file_nftredir_v1_nftredir_proto_msgTypes[10]
+	mi := &file_nftredir_v1_nftredir_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -884,7 +985,7 @@ func (x *WatchPodsResponse) String() string {
 func (*WatchPodsResponse) ProtoMessage() {}
 
 func (x *WatchPodsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_nftredir_v1_nftredir_proto_msgTypes[10]
+	mi := &file_nftredir_v1_nftredir_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -897,7 +998,7 @@ func (x *WatchPodsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchPodsResponse.ProtoReflect.Descriptor instead.
 func (*WatchPodsResponse) Descriptor() ([]byte, []int) {
-	return file_nftredir_v1_nftredir_proto_rawDescGZIP(), []int{10}
+	return file_nftredir_v1_nftredir_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WatchPodsResponse) GetEvent() EventType {
@@ -959,7 +1060,7 @@ type Pod struct {
 
 func (x *Pod) Reset() {
 	*x = Pod{}
-	mi := &file_nftredir_v1_nftredir_proto_msgTypes[11]
+	mi := &file_nftredir_v1_nftredir_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -971,7 +1072,7 @@ func (x *Pod) String() string {
 func (*Pod) ProtoMessage() {}
 
 func (x *Pod) ProtoReflect() protoreflect.Message {
-	mi := &file_nftredir_v1_nftredir_proto_msgTypes[11]
+	mi := &file_nftredir_v1_nftredir_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -984,7 +1085,7 @@ func (x *Pod) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pod.ProtoReflect.Descriptor instead.
 func (*Pod) Descriptor() ([]byte, []int) {
-	return file_nftredir_v1_nftredir_proto_rawDescGZIP(), []int{11}
+	return file_nftredir_v1_nftredir_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Pod) GetPodUid() string {
@@ -1105,9 +1206,17 @@ const file_nftredir_v1_nftredir_proto_rawDesc = "" +
 	"syncStatus\x12\x16\n" +
 	"\x06detail\x18\x03 \x01(\tR\x06detail\x12!\n" +
 	"\flive_ruleset\x18\x04 \x01(\tR\vliveRuleset\"\x11\n" +
-	"\x0fListPodsRequest\"8\n" +
+	"\x0fListPodsRequest\"z\n" +
 	"\x10ListPodsResponse\x12$\n" +
-	"\x04pods\x18\x01 \x03(\v2\x10.nftredir.v1.PodR\x04pods\"\x12\n" +
+	"\x04pods\x18\x01 \x03(\v2\x10.nftredir.v1.PodR\x04pods\x12@\n" +
+	"\vquarantined\x18\x02 \x03(\v2\x1e.nftredir.v1.QuarantinedRecordR\vquarantined\"\x92\x01\n" +
+	"\x11QuarantinedRecord\x12\x12\n" +
+	"\x04file\x18\x01 \x01(\tR\x04file\x12\x17\n" +
+	"\apod_uid\x18\x02 \x01(\tR\x06podUid\x12\x1d\n" +
+	"\n" +
+	"netns_path\x18\x03 \x01(\tR\tnetnsPath\x12\x19\n" +
+	"\bnetns_id\x18\x04 \x01(\tR\anetnsId\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"\x12\n" +
 	"\x10WatchPodsRequest\"e\n" +
 	"\x11WatchPodsResponse\x12,\n" +
 	"\x05event\x18\x01 \x01(\x0e2\x16.nftredir.v1.EventTypeR\x05event\x12\"\n" +
@@ -1134,14 +1243,15 @@ const file_nftredir_v1_nftredir_proto_rawDesc = "" +
 	"\vCaptureMode\x12\x1c\n" +
 	"\x18CAPTURE_MODE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13CAPTURE_MODE_TPROXY\x10\x01\x12\x19\n" +
-	"\x15CAPTURE_MODE_REDIRECT\x10\x02*\x8f\x01\n" +
+	"\x15CAPTURE_MODE_REDIRECT\x10\x02*\xac\x01\n" +
 	"\n" +
 	"SyncStatus\x12\x1b\n" +
 	"\x17SYNC_STATUS_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13SYNC_STATUS_IN_SYNC\x10\x01\x12\x17\n" +
 	"\x13SYNC_STATUS_DRIFTED\x10\x02\x12\x1a\n" +
 	"\x16SYNC_STATUS_NETNS_GONE\x10\x03\x12\x16\n" +
-	"\x12SYNC_STATUS_ABSENT\x10\x04*s\n" +
+	"\x12SYNC_STATUS_ABSENT\x10\x04\x12\x1b\n" +
+	"\x17SYNC_STATUS_QUARANTINED\x10\x05*s\n" +
 	"\tEventType\x12\x1a\n" +
 	"\x16EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10EVENT_TYPE_ADDED\x10\x01\x12\x16\n" +
@@ -1167,7 +1277,7 @@ func file_nftredir_v1_nftredir_proto_rawDescGZIP() []byte {
 }
 
 var file_nftredir_v1_nftredir_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_nftredir_v1_nftredir_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_nftredir_v1_nftredir_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_nftredir_v1_nftredir_proto_goTypes = []any{
 	(CaptureMode)(0),              // 0: nftredir.v1.CaptureMode
 	(SyncStatus)(0),               // 1: nftredir.v1.SyncStatus
@@ -1181,38 +1291,40 @@ var file_nftredir_v1_nftredir_proto_goTypes = []any{
 	(*GetPodResponse)(nil),        // 9: nftredir.v1.GetPodResponse
 	(*ListPodsRequest)(nil),       // 10: nftredir.v1.ListPodsRequest
 	(*ListPodsResponse)(nil),      // 11: nftredir.v1.ListPodsResponse
-	(*WatchPodsRequest)(nil),      // 12: nftredir.v1.WatchPodsRequest
-	(*WatchPodsResponse)(nil),     // 13: nftredir.v1.WatchPodsResponse
-	(*Pod)(nil),                   // 14: nftredir.v1.Pod
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*QuarantinedRecord)(nil),     // 12: nftredir.v1.QuarantinedRecord
+	(*WatchPodsRequest)(nil),      // 13: nftredir.v1.WatchPodsRequest
+	(*WatchPodsResponse)(nil),     // 14: nftredir.v1.WatchPodsResponse
+	(*Pod)(nil),                   // 15: nftredir.v1.Pod
+	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
 }
 var file_nftredir_v1_nftredir_proto_depIdxs = []int32{
 	0,  // 0: nftredir.v1.RedirectOptions.capture_mode:type_name -> nftredir.v1.CaptureMode
 	3,  // 1: nftredir.v1.AddPodRequest.options:type_name -> nftredir.v1.RedirectOptions
-	14, // 2: nftredir.v1.AddPodResponse.pod:type_name -> nftredir.v1.Pod
-	14, // 3: nftredir.v1.GetPodResponse.pod:type_name -> nftredir.v1.Pod
+	15, // 2: nftredir.v1.AddPodResponse.pod:type_name -> nftredir.v1.Pod
+	15, // 3: nftredir.v1.GetPodResponse.pod:type_name -> nftredir.v1.Pod
 	1,  // 4: nftredir.v1.GetPodResponse.sync_status:type_name -> nftredir.v1.SyncStatus
-	14, // 5: nftredir.v1.ListPodsResponse.pods:type_name -> nftredir.v1.Pod
-	2,  // 6: nftredir.v1.WatchPodsResponse.event:type_name -> nftredir.v1.EventType
-	14, // 7: nftredir.v1.WatchPodsResponse.pod:type_name -> nftredir.v1.Pod
-	3,  // 8: nftredir.v1.Pod.options:type_name -> nftredir.v1.RedirectOptions
-	15, // 9: nftredir.v1.Pod.enrolled_at:type_name -> google.protobuf.Timestamp
-	15, // 10: nftredir.v1.Pod.updated_at:type_name -> google.protobuf.Timestamp
-	4,  // 11: nftredir.v1.RedirectService.AddPod:input_type -> nftredir.v1.AddPodRequest
-	6,  // 12: nftredir.v1.RedirectService.RemovePod:input_type -> nftredir.v1.RemovePodRequest
-	8,  // 13: nftredir.v1.RedirectService.GetPod:input_type -> nftredir.v1.GetPodRequest
-	10, // 14: nftredir.v1.RedirectService.ListPods:input_type -> nftredir.v1.ListPodsRequest
-	12, // 15: nftredir.v1.RedirectService.WatchPods:input_type -> nftredir.v1.WatchPodsRequest
-	5,  // 16: nftredir.v1.RedirectService.AddPod:output_type -> nftredir.v1.AddPodResponse
-	7,  // 17: nftredir.v1.RedirectService.RemovePod:output_type -> nftredir.v1.RemovePodResponse
-	9,  // 18: nftredir.v1.RedirectService.GetPod:output_type -> nftredir.v1.GetPodResponse
-	11, // 19: nftredir.v1.RedirectService.ListPods:output_type -> nftredir.v1.ListPodsResponse
-	13, // 20: nftredir.v1.RedirectService.WatchPods:output_type -> nftredir.v1.WatchPodsResponse
-	16, // [16:21] is the sub-list for method output_type
-	11, // [11:16] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	15, // 5: nftredir.v1.ListPodsResponse.pods:type_name -> nftredir.v1.Pod
+	12, // 6: nftredir.v1.ListPodsResponse.quarantined:type_name -> nftredir.v1.QuarantinedRecord
+	2,  // 7: nftredir.v1.WatchPodsResponse.event:type_name -> nftredir.v1.EventType
+	15, // 8: nftredir.v1.WatchPodsResponse.pod:type_name -> nftredir.v1.Pod
+	3,  // 9: nftredir.v1.Pod.options:type_name -> nftredir.v1.RedirectOptions
+	16, // 10: nftredir.v1.Pod.enrolled_at:type_name -> google.protobuf.Timestamp
+	16, // 11: nftredir.v1.Pod.updated_at:type_name -> google.protobuf.Timestamp
+	4,  // 12: nftredir.v1.RedirectService.AddPod:input_type -> nftredir.v1.AddPodRequest
+	6,  // 13: nftredir.v1.RedirectService.RemovePod:input_type -> nftredir.v1.RemovePodRequest
+	8,  // 14: nftredir.v1.RedirectService.GetPod:input_type -> nftredir.v1.GetPodRequest
+	10, // 15: nftredir.v1.RedirectService.ListPods:input_type -> nftredir.v1.ListPodsRequest
+	13, // 16: nftredir.v1.RedirectService.WatchPods:input_type -> nftredir.v1.WatchPodsRequest
+	5,  // 17: nftredir.v1.RedirectService.AddPod:output_type -> nftredir.v1.AddPodResponse
+	7,  // 18: nftredir.v1.RedirectService.RemovePod:output_type -> nftredir.v1.RemovePodResponse
+	9,  // 19: nftredir.v1.RedirectService.GetPod:output_type -> nftredir.v1.GetPodResponse
+	11, // 20: nftredir.v1.RedirectService.ListPods:output_type -> nftredir.v1.ListPodsResponse
+	14, // 21: nftredir.v1.RedirectService.WatchPods:output_type -> nftredir.v1.WatchPodsResponse
+	17, // [17:22] is the sub-list for method output_type
+	12, // [12:17] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_nftredir_v1_nftredir_proto_init() }
@@ -1222,14 +1334,14 @@ func file_nftredir_v1_nftredir_proto_init() {
 	}
 	file_nftredir_v1_nftredir_proto_msgTypes[0].OneofWrappers = []any{}
 	file_nftredir_v1_nftredir_proto_msgTypes[1].OneofWrappers = []any{}
-	file_nftredir_v1_nftredir_proto_msgTypes[11].OneofWrappers = []any{}
+	file_nftredir_v1_nftredir_proto_msgTypes[12].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nftredir_v1_nftredir_proto_rawDesc), len(file_nftredir_v1_nftredir_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -112,6 +112,10 @@ type RedirectServiceClient interface {
 	// false) and for a pod whose namespace is already gone. It never returns
 	// NOT_FOUND.
 	//
+	// A pod whose record was quarantined as corrupt is released too: from what
+	// can still be read of the record, only a table that carries the pod's
+	// uid is removed (existed = true).
+	//
 	// Required: pod_uid. Errors: INVALID_ARGUMENT, PERMISSION_DENIED,
 	// UNAVAILABLE, INTERNAL.
 	RemovePod(ctx context.Context, in *RemovePodRequest, opts ...grpc.CallOption) (*RemovePodResponse, error)
@@ -120,8 +124,11 @@ type RedirectServiceClient interface {
 	// and the table as the kernel has it, in nft syntax. It changes nothing
 	// (drift is repaired by reconcile or by repeating AddPod).
 	//
+	// A pod whose record was quarantined as corrupt is reported with
+	// SYNC_STATUS_QUARANTINED and what could be read of the record.
+	//
 	// Required: pod_uid. Errors: INVALID_ARGUMENT, NOT_FOUND (no such pod
-	// enrolled), PERMISSION_DENIED, UNAVAILABLE, INTERNAL.
+	// enrolled or quarantined), PERMISSION_DENIED, UNAVAILABLE, INTERNAL.
 	GetPod(ctx context.Context, in *GetPodRequest, opts ...grpc.CallOption) (*GetPodResponse, error)
 	// ListPods returns every enrolled pod's record, ordered by pod_namespace,
 	// then pod_name, then pod_uid. It reads the records only and does not
@@ -252,6 +259,10 @@ type RedirectServiceServer interface {
 	// false) and for a pod whose namespace is already gone. It never returns
 	// NOT_FOUND.
 	//
+	// A pod whose record was quarantined as corrupt is released too: from what
+	// can still be read of the record, only a table that carries the pod's
+	// uid is removed (existed = true).
+	//
 	// Required: pod_uid. Errors: INVALID_ARGUMENT, PERMISSION_DENIED,
 	// UNAVAILABLE, INTERNAL.
 	RemovePod(context.Context, *RemovePodRequest) (*RemovePodResponse, error)
@@ -260,8 +271,11 @@ type RedirectServiceServer interface {
 	// and the table as the kernel has it, in nft syntax. It changes nothing
 	// (drift is repaired by reconcile or by repeating AddPod).
 	//
+	// A pod whose record was quarantined as corrupt is reported with
+	// SYNC_STATUS_QUARANTINED and what could be read of the record.
+	//
 	// Required: pod_uid. Errors: INVALID_ARGUMENT, NOT_FOUND (no such pod
-	// enrolled), PERMISSION_DENIED, UNAVAILABLE, INTERNAL.
+	// enrolled or quarantined), PERMISSION_DENIED, UNAVAILABLE, INTERNAL.
 	GetPod(context.Context, *GetPodRequest) (*GetPodResponse, error)
 	// ListPods returns every enrolled pod's record, ordered by pod_namespace,
 	// then pod_name, then pod_uid. It reads the records only and does not

@@ -1,0 +1,154 @@
+package server
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+)
+
+// corrupt overwrites uid's record in the state dir with what damage(the
+// record's bytes) returns.
+func (ts *testServer) corrupt(t *testing.T, uid string, damage func([]byte) []byte) {
+	t.Helper()
+	path := filepath.Join(ts.srv.store.Dir(), fileName(uid))
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, damage(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// truncateAfter cuts the record just after the field key, as a torn
+// write would, leaving what comes before readable.
+func truncateAfter(key string) func([]byte) []byte {
+	return func(data []byte) []byte {
+		i := strings.Index(string(data), `"`+key+`"`)
+		j := strings.IndexByte(string(data[i:]), '\n')
+		return data[:i+j+1]
+	}
+}
+
+func (n *testNetns) hasRouting(t *testing.T) bool {
+	t.Helper()
+	return strings.Contains(run(t, "ip", "-n", n.name, "rule", "show"), "fwmark 0x111/0xfff lookup 100") ||
+		strings.TrimSpace(run(t, "ip", "-n", n.name, "route", "show", "table", "100")) != ""
+}
+
+// TestQuarantinedPodIsReleased: a pod whose record is corrupt, however
+// badly, is released by RemovePod: its table and routing go.
+func TestQuarantinedPodIsReleased(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		damage  func([]byte) []byte
+		restart bool
+	}{
+		{"torn after the netns id", truncateAfter("netnsId"), false},
+		{"torn, set aside at a restart", truncateAfter("netnsId"), true},
+		{"invalid spec", func(b []byte) []byte {
+			return []byte(strings.Replace(string(b), `"mode": "TPROXY"`, `"mode": "SIDEWAYS"`, 1))
+		}, false},
+		{"path of the wrong type", func(b []byte) []byte {
+			return []byte(strings.Replace(string(b), `"netnsPath": "`, `"netnsPath": 7, "x": "`, 1))
+		}, false},
+		{"garbage", func([]byte) []byte { return []byte("{not json") }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := newNetns(t)
+			state := filepath.Join(t.TempDir(), "pods")
+			ts := startServer(t, true, withStateDir(state))
+			ts.mustAdd(t, "pod-1", ns.path)
+			ts.corrupt(t, "pod-1", tc.damage)
+			if tc.restart {
+				ts.stop()
+				ts = startServer(t, true, withStateDir(state))
+			}
+			resp, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "pod-1"})
+			if err != nil || !resp.Existed {
+				t.Fatalf("RemovePod = %v, %v; want existed=true\nserver log:\n%s", resp, err, ts.logs.String())
+			}
+			if ns.hasTable(t) {
+				t.Errorf("the table stayed after RemovePod of a pod with a corrupt record\nserver log:\n%s", ts.logs.String())
+			}
+			if ns.hasRouting(t) {
+				t.Error("the routing stayed after RemovePod of a pod with a corrupt record")
+			}
+			// Released once: a repeat has nothing to do.
+			if resp, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "pod-1"}); err != nil || resp.Existed {
+				t.Errorf("second RemovePod = %v, %v; want existed=false", resp, err)
+			}
+			ts.mustAdd(t, "pod-2", ns.path) // the namespace is free
+		})
+	}
+}
+
+// TestQuarantinedRecordTouchesOnlyItsPod: a damaged record that names
+// another pod's namespace never removes that pod's capture.
+func TestQuarantinedRecordTouchesOnlyItsPod(t *testing.T) {
+	victim, mine := newNetns(t), newNetns(t)
+	ts := startServer(t, true)
+	ts.mustAdd(t, "victim", victim.path)
+	ts.mustAdd(t, "pod-1", mine.path)
+	ts.srv.store.Delete("pod-1")
+	// pod-1's record, torn, naming the victim's namespace.
+	path := filepath.Join(ts.srv.store.Dir(), fileName("pod-1"))
+	if err := os.WriteFile(path, []byte(`{"version": 1, "podUid": "pod-1", "netnsPath": "`+victim.path+`", "netnsId": "`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "pod-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if !victim.hasTable(t) || !victim.hasRouting(t) {
+		t.Fatal("RemovePod of a damaged record removed another pod's capture")
+	}
+	if got := ts.get(t, "victim"); got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC {
+		t.Errorf("victim after the release: %v %q", got.SyncStatus, got.Detail)
+	}
+}
+
+// TestQuarantinedRecordIsShown: until its pod is released, a quarantined
+// record is in ListPods and GetPod, with the namespace it names.
+func TestQuarantinedRecordIsShown(t *testing.T) {
+	ns := newNetns(t)
+	ts := startServer(t, true)
+	pod := ts.mustAdd(t, "pod-1", ns.path)
+	ts.corrupt(t, "pod-1", truncateAfter("netnsId"))
+
+	got := ts.get(t, "pod-1")
+	if got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_QUARANTINED || got.Pod.GetNetnsPath() != ns.path || got.Pod.GetNetnsId() != pod.NetnsId ||
+		!strings.Contains(got.Detail, "RemovePod releases it") {
+		t.Errorf("GetPod of a quarantined pod = %v", got)
+	}
+	if !strings.Contains(ts.logs.String(), "corrupt record moved to quarantine") {
+		t.Error("no log line for the quarantine")
+	}
+	list, err := ts.api.ListPods(ctxT(t), &nftredirv1.ListPodsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Pods) != 0 || len(list.Quarantined) != 1 {
+		t.Fatalf("ListPods = %v; want no pods and one quarantined record", list)
+	}
+	q := list.Quarantined[0]
+	if q.PodUid != "pod-1" || q.NetnsPath != ns.path || q.NetnsId != pod.NetnsId || !strings.Contains(q.Reason, "corrupt record") ||
+		!strings.HasPrefix(q.File, filepath.Join(ts.srv.store.Dir(), quarantineDir)) {
+		t.Errorf("quarantined record = %v", q)
+	}
+	if _, err := os.Stat(q.File); err != nil {
+		t.Errorf("quarantined file: %v", err)
+	}
+
+	if _, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "pod-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if list, err := ts.api.ListPods(ctxT(t), &nftredirv1.ListPodsRequest{}); err != nil || len(list.Quarantined) != 0 {
+		t.Errorf("ListPods after the release = %v, %v; want nothing quarantined", list, err)
+	}
+	if _, err := os.Stat(q.File + releasedSuffix); err != nil {
+		t.Errorf("the released record is not kept for inspection: %v", err)
+	}
+}
