@@ -56,6 +56,8 @@ type Config struct {
 	// Probe, when set, keeps the node's probe SNAT table true to the
 	// enrolled pods' addresses. Nil: no node table.
 	Probe ProbeTable
+	// Limits bound connections and watches; zero fields take defaults.
+	Limits Limits
 	// BeforeServing runs once after the startup reconcile and before
 	// health turns SERVING; an error stops Run. The daemon starts serving
 	// ZDS there, so a proxy's first snapshot is the reconciled set.
@@ -88,7 +90,10 @@ type Server struct {
 	owners *owners
 	watch  *broadcaster
 	health *health.Server
-	ready  atomic.Bool
+	// conns and watchers count open API connections and WatchPods
+	// streams against Config.Limits.
+	conns, watchers *counter
+	ready           atomic.Bool
 }
 
 // New checks cfg, opens the state store and loads the ownership index. It
@@ -163,6 +168,9 @@ func New(cfg Config) (*Server, error) {
 		watch:         newBroadcaster(),
 		health:        health.NewServer(),
 	}
+	limits := cfg.Limits.withDefaults()
+	s.conns = newCounter(limits.MaxConnections, limits.MaxConnectionsPerUID)
+	s.watchers = newCounter(limits.MaxWatchers, limits.MaxWatchersPerUID)
 	records, err := store.List()
 	if err != nil {
 		return nil, fmt.Errorf("load records: %w", err)

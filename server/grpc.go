@@ -33,6 +33,17 @@ const ServiceName = "nftredir.v1.RedirectService"
 // and a local caller must not make the daemon buffer megabytes.
 const MaxRecvMsgSize = 64 << 10
 
+// MaxHeaderListSize bounds a request's header block, which grpc reads
+// before any interceptor (auth included) runs: gRPC's own headers take a
+// few hundred bytes, and grpc's default of 16 MiB let 20 callers make the
+// daemon hold 230 MB.
+const MaxHeaderListSize = 16 << 10
+
+// maxStreams bounds one connection's concurrent calls; a client with more
+// waits for a slot. With the fixed 64 KiB windows below, it also bounds
+// what one connection can make the daemon buffer.
+const maxStreams = 32
+
 // NewGRPCServer builds the gRPC server with RedirectService, health and
 // (if configured) reflection registered, and the interceptor chain:
 // logging (not for health checks), peer-credential auth, then panic
@@ -54,11 +65,20 @@ func (s *Server) NewGRPCServer() *grpc.Server {
 	gs := grpc.NewServer(
 		grpc.Creds(PeerCredentials{}),
 		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
-		grpc.MaxConcurrentStreams(128),
+		grpc.MaxHeaderListSize(MaxHeaderListSize),
+		grpc.MaxConcurrentStreams(maxStreams),
+		// Fixed receive windows: grpc would otherwise grow them (BDP
+		// estimation) up to 16 MiB per connection for a fast sender, which
+		// requests of a few KiB never need.
+		grpc.InitialWindowSize(64<<10),
+		grpc.InitialConnWindowSize(64<<10),
 		// Node proxies keep WatchPods open for days; let them ping often
-		// enough to notice a hung daemon, but not flood it.
+		// enough to notice a hung daemon, but not flood it (a peer pinging
+		// faster is sent GOAWAY). A connection without calls for
+		// MaxConnectionIdle is closed, freeing its slot; clients reconnect
+		// transparently.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second, MaxConnectionIdle: 5 * time.Minute}),
 		// The handshake reads a socket option; anything slower is a stuck peer.
 		grpc.ConnectionTimeout(5*time.Second),
 		grpc.ChainUnaryInterceptor(
@@ -114,7 +134,7 @@ func (s *Server) setServing(on bool) {
 func (s *Server) Run(ctx context.Context, lis net.Listener, shutdownTimeout time.Duration) error {
 	gs := s.NewGRPCServer()
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- gs.Serve(lis) }()
+	go func() { serveErr <- gs.Serve(s.limitListener(lis)) }()
 
 	loopCtx, stopLoop := context.WithCancel(ctx)
 	loopDone := make(chan error, 1)

@@ -476,6 +476,11 @@ func (s *Server) WatchPods(_ *nftredirv1.WatchPodsRequest, stream grpc.ServerStr
 	if err := s.checkReady(); err != nil {
 		return err
 	}
+	release, err := s.watchSlot(stream.Context())
+	if err != nil {
+		return err
+	}
+	defer release()
 	// Subscribe before listing: a change racing the listing then shows up
 	// as an event after the snapshot (possibly repeating it), never lost.
 	sub := s.watch.subscribe()
@@ -484,15 +489,12 @@ func (s *Server) WatchPods(_ *nftredirv1.WatchPodsRequest, stream grpc.ServerStr
 	if err != nil {
 		return toStatus(err)
 	}
+	first := make([]*nftredirv1.WatchPodsResponse, 0, len(pods)+1)
 	for _, p := range pods {
-		if err := stream.Send(&nftredirv1.WatchPodsResponse{Event: nftredirv1.EventType_EVENT_TYPE_ADDED, Pod: p}); err != nil {
-			return err
-		}
+		first = append(first, &nftredirv1.WatchPodsResponse{Event: nftredirv1.EventType_EVENT_TYPE_ADDED, Pod: p})
 	}
-	if err := stream.Send(&nftredirv1.WatchPodsResponse{Event: nftredirv1.EventType_EVENT_TYPE_SNAPSHOT_DONE}); err != nil {
-		return err
-	}
-	return s.watch.stream(sub, stream)
+	first = append(first, &nftredirv1.WatchPodsResponse{Event: nftredirv1.EventType_EVENT_TYPE_SNAPSHOT_DONE})
+	return s.watch.stream(sub, stream, first)
 }
 
 // open opens a caller's or a record's namespace path through the guard,

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -27,10 +28,12 @@ type broadcaster struct {
 
 type subscriber struct {
 	events chan *nftredirv1.WatchPodsResponse
-	// done is closed when the subscriber must stop: it fell behind
-	// (overflow) or the daemon is stopping (closing).
-	done     chan struct{}
-	overflow bool
+	// done is closed when the daemon is stopping: queued events are
+	// delivered, then the watch ends.
+	done chan struct{}
+	// cut is closed when the watcher fell behind: the watch ends at once,
+	// even while a Send is blocked on a peer that does not read.
+	cut chan struct{}
 }
 
 func newBroadcaster() *broadcaster {
@@ -38,7 +41,7 @@ func newBroadcaster() *broadcaster {
 }
 
 func (b *broadcaster) subscribe() *subscriber {
-	s := &subscriber{events: make(chan *nftredirv1.WatchPodsResponse, watchBuffer), done: make(chan struct{})}
+	s := &subscriber{events: make(chan *nftredirv1.WatchPodsResponse, watchBuffer), done: make(chan struct{}), cut: make(chan struct{})}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
@@ -63,8 +66,7 @@ func (b *broadcaster) publish(ev nftredirv1.EventType, pod *nftredirv1.Pod) {
 		select {
 		case s.events <- msg:
 		default:
-			s.overflow = true
-			close(s.done)
+			close(s.cut)
 			delete(b.subs, s)
 		}
 	}
@@ -81,21 +83,34 @@ func (b *broadcaster) close() {
 	}
 }
 
-// endStatus says why a watch was ended by the daemon.
-func (b *broadcaster) endStatus(s *subscriber) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if s.overflow {
+// stream sends first (the snapshot), then events, until the watcher
+// leaves, the daemon stops (queued events are delivered first) or the
+// watcher falls behind. The sends run on a goroutine of their own, so that
+// a watcher that fell behind ends now rather than when its peer next
+// reads: a Send blocks while the peer's flow-control window is full, and
+// only the end of the call (grpc cancels the stream when the handler
+// returns) unblocks it. A watcher so cut off must resync from a new
+// snapshot, so the events still queued for it are dropped.
+func (b *broadcaster) stream(s *subscriber, out grpc.ServerStreamingServer[nftredirv1.WatchPodsResponse], first []*nftredirv1.WatchPodsResponse) error {
+	sent := make(chan error, 1)
+	go func() { sent <- b.send(s, out, first) }()
+	select {
+	case err := <-sent:
+		return err
+	case <-s.cut:
 		return status.Errorf(codes.ResourceExhausted, "watcher fell more than %d events behind; reconnect and treat the new snapshot as the complete set", watchBuffer)
 	}
-	return status.Error(codes.Unavailable, "nftredird is stopping; reconnect")
 }
 
-// stream sends queued events until the watcher leaves or is cut off.
-// Events already queued are delivered before a cut-off is reported, so a
-// watcher never misses what happened before it was told to resync.
-func (b *broadcaster) stream(s *subscriber, out grpc.ServerStreamingServer[nftredirv1.WatchPodsResponse]) error {
+var errCut = errors.New("watcher cut off")
+
+func (b *broadcaster) send(s *subscriber, out grpc.ServerStreamingServer[nftredirv1.WatchPodsResponse], first []*nftredirv1.WatchPodsResponse) error {
 	ctx := out.Context()
+	for _, m := range first {
+		if err := out.Send(m); err != nil {
+			return err
+		}
+	}
 	for {
 		select {
 		case ev := <-s.events:
@@ -110,9 +125,11 @@ func (b *broadcaster) stream(s *subscriber, out grpc.ServerStreamingServer[nftre
 						return err
 					}
 				default:
-					return b.endStatus(s)
+					return status.Error(codes.Unavailable, "nftredird is stopping; reconnect")
 				}
 			}
+		case <-s.cut:
+			return errCut // stream has returned already
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()
 		}
