@@ -38,7 +38,7 @@ type daemon struct {
 	done   chan error
 }
 
-func startDaemon(t *testing.T, args ...string) *daemon {
+func startDaemon(t testing.TB, args ...string) *daemon {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -70,7 +70,7 @@ func (d *daemon) wait(t *testing.T) int {
 	}
 }
 
-func waitServing(t *testing.T, socket string) {
+func waitServing(t testing.TB, socket string) {
 	t.Helper()
 	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
