@@ -98,6 +98,9 @@ func TestInterruptedRemovePodIsFinished(t *testing.T) {
 	if err := ts.srv.store.Put(rec); err != nil {
 		t.Fatal(err)
 	}
+	if got := ts.get(t, "pod-1"); !strings.Contains(got.Detail, "RemovePod of the pod did not finish") {
+		t.Errorf("GetPod of a pod being removed: %q", got.Detail)
+	}
 	res, err := ts.srv.Reconcile(ctxT(t))
 	if err != nil || res != (ReconcileResult{Released: 1}) {
 		t.Fatalf("Reconcile = %+v, %v; want one release", res, err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/hashicorp/go-hclog"
@@ -420,6 +421,9 @@ func (s *Server) getPod(ctx context.Context, uid string) (*nftredirv1.GetPodResp
 	}
 	resp.LiveRuleset = live.text
 	resp.Detail = live.detail
+	if rec.Removing {
+		resp.Detail = strings.TrimPrefix(resp.Detail+"; a RemovePod of the pod did not finish: a repeated RemovePod or reconcile releases it", "; ")
+	}
 	switch {
 	case live.gone:
 		resp.SyncStatus = nftredirv1.SyncStatus_SYNC_STATUS_NETNS_GONE

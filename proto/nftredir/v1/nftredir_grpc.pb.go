@@ -145,7 +145,9 @@ type RedirectServiceClient interface {
 	//
 	// A watcher that falls too far behind is disconnected with
 	// RESOURCE_EXHAUSTED; a caller should then reconnect and treat the new
-	// snapshot as the complete set (pods absent from it were removed).
+	// snapshot as the complete set (pods absent from it were removed). A watch
+	// is also refused with RESOURCE_EXHAUSTED when the daemon, or the calling
+	// uid, already has as many open as it allows (128 and 16 by default).
 	//
 	// Errors: PERMISSION_DENIED, UNAVAILABLE (daemon stopping; reconnect),
 	// RESOURCE_EXHAUSTED, INTERNAL.
@@ -292,7 +294,9 @@ type RedirectServiceServer interface {
 	//
 	// A watcher that falls too far behind is disconnected with
 	// RESOURCE_EXHAUSTED; a caller should then reconnect and treat the new
-	// snapshot as the complete set (pods absent from it were removed).
+	// snapshot as the complete set (pods absent from it were removed). A watch
+	// is also refused with RESOURCE_EXHAUSTED when the daemon, or the calling
+	// uid, already has as many open as it allows (128 and 16 by default).
 	//
 	// Errors: PERMISSION_DENIED, UNAVAILABLE (daemon stopping; reconnect),
 	// RESOURCE_EXHAUSTED, INTERNAL.
