@@ -239,12 +239,33 @@ func (s *Server) releaseSalvaged(ctx context.Context, log hclog.Logger, uid stri
 // releaseIfOwned removes our table and routing from h if the table
 // carries uid. With no table at all, the routing is removed only if h is
 // the very namespace the record named (recorded), the remains of an
-// interrupted release; anything else is left alone. The namespace is
-// claimed for uid meanwhile, so that no AddPod of another pod can program it
-// between the check and the removal.
+// interrupted release; anything else is left alone. Before acting, the
+// namespace is claimed for uid and looked at again, so that no AddPod of
+// another pod can program it between the look and the removal; a
+// namespace that is not uid's is never claimed, so a search through the
+// node's namespaces does not hold up other pods' AddPods.
 func (s *Server) releaseIfOwned(ctx context.Context, log hclog.Logger, h *netns.Handle, uid string, recorded netns.ID, routing netns.Routing) error {
 	id := h.ID()
 	log = log.With("netns", h.Path(), "netns_id", id.String())
+	ours := func() (table bool, release bool, err error) {
+		pod, exists, err := s.applier.Owner(ctx, h)
+		switch {
+		case err != nil:
+			return false, false, err
+		case exists && pod == uid:
+			return true, true, nil
+		case !exists && id == recorded:
+			return false, true, nil
+		case exists:
+			log.Debug("the namespace's table is not this pod's; leaving it alone", "table_pod", pod)
+		default:
+			log.Debug("no table of the pod in the namespace; nothing to release")
+		}
+		return false, false, nil
+	}
+	if _, release, err := ours(); err != nil || !release {
+		return err
+	}
 	if cur, ok := s.owners.claim(id, uid, ""); !ok {
 		log.Debug("namespace is enrolled by another pod; leaving it alone", "owner", cur)
 		return nil
@@ -252,22 +273,14 @@ func (s *Server) releaseIfOwned(ctx context.Context, log hclog.Logger, h *netns.
 	// uid has no usable record (a valid one is released before this
 	// runs), so it owns no namespace after the call.
 	defer s.owners.release(id, uid)
-	pod, exists, err := s.applier.Owner(ctx, h)
-	if err != nil {
+	table, release, err := ours()
+	if err != nil || !release {
 		return err
 	}
-	switch {
-	case exists && pod == uid:
+	if table {
 		if err := s.applier.Remove(ctx, h); err != nil {
 			return err
 		}
-	case !exists && id == recorded:
-	case exists:
-		log.Debug("the namespace's table is not this pod's; leaving it alone", "table_pod", pod)
-		return nil
-	default:
-		log.Debug("no table of the pod in the namespace; nothing to release")
-		return nil
 	}
 	if err := netns.RemoveRouting(h, routing); err != nil {
 		return fmt.Errorf("remove policy routing: %w", err)
