@@ -15,9 +15,13 @@ all: build
 deps:
 	@hack/deps.sh
 
+# Static binaries (no cgo, no libc): they run from a scratch image and on
+# any node, whatever its libc. The VCS stamp feeds --version: the
+# toolchain's where it makes one, else the linker flags of
+# hack/version-ldflags.sh.
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/... ./tools/...
+	CGO_ENABLED=0 $(GO) build -buildvcs=auto -ldflags "$$(hack/version-ldflags.sh)" -o $(BIN)/ ./cmd/... ./tools/...
 
 # lint checks Go and the API's protobuf (buf is built into ./bin on first
 # use); make test runs the Go half only, to keep CI from compiling buf.

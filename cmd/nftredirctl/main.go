@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/nftredir/nftredir/client"
+	"github.com/nftredir/nftredir/internal/version"
 )
 
 // Exit codes, as documented in the usage text.
@@ -93,6 +94,7 @@ func (a *app) run(ctx context.Context, args []string) int {
 	a.timeout = defaultWait
 
 	global := a.newFlagSet("nftredirctl")
+	showVersion := global.Bool("version", false, "print the version and exit")
 	args, err := parse(global, args, true)
 	if errors.Is(err, flag.ErrHelp) {
 		a.usage(a.stdout)
@@ -100,6 +102,10 @@ func (a *app) run(ctx context.Context, args []string) int {
 	}
 	if err != nil {
 		return a.usageFailed("", err)
+	}
+	if *showVersion {
+		version.Print(a.stdout, "nftredirctl")
+		return exitOK
 	}
 	if len(args) == 0 {
 		a.usage(a.stderr)
@@ -205,6 +211,7 @@ Global flags (they may also follow the command):
   --socket PATH        the daemon's Unix socket (default %s,
                        or $NFTREDIR_SOCKET when set)
   --timeout DURATION   give up on a call after this long (default %s; 0 waits forever)
+  --version            print the version (module, VCS revision, Go version) and exit
 
 Run 'nftredirctl <command> --help' (or 'nftredirctl help <command>') for a
 command's flags and examples. Talking to the daemon needs root or a uid/gid

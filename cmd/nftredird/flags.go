@@ -32,6 +32,8 @@ const cmdUninstall = "uninstall"
 type options struct {
 	// command is "" to run the daemon, or cmdUninstall.
 	command string
+	// version: print the build's version and exit; nothing else is checked.
+	version bool
 
 	socket            string
 	stateDir          string
@@ -140,6 +142,7 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.IntVar(&o.rulePriority, "rule-priority", 32764, "`priority` of the fwmark ip rule")
 	fs.Var(&o.probeV4, "probe-source-v4", "kubelet probe source `address` (SNATed on the node) that bypasses capture; empty disables")
 	fs.Var(&o.probeV6, "probe-source-v6", "IPv6 kubelet probe source `address`; empty disables")
+	fs.BoolVar(&o.version, "version", false, "print the version (module, VCS revision and time, Go version) and exit")
 	fs.Usage = func() {}
 	for {
 		if err := fs.Parse(args); err != nil {
@@ -154,6 +157,9 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 			continue
 		}
 		break
+	}
+	if o.version {
+		return o, nil
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q; nftredird takes flags and the one command %q", fs.Args(), cmdUninstall)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/nftredir/nftredir/internal/version"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 	"github.com/nftredir/nftredir/probe"
@@ -52,6 +53,10 @@ func run(args []string, lookupEnv func(string) (string, bool), stderr io.Writer)
 	if err != nil {
 		fmt.Fprintf(stderr, "nftredird: %v\nRun nftredird --help for the flags.\n", err)
 		return 2
+	}
+	if opts.version {
+		version.Print(os.Stdout, "nftredird")
+		return 0
 	}
 	root := hclog.New(&hclog.LoggerOptions{
 		Name:       "nftredird",
