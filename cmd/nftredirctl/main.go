@@ -63,6 +63,9 @@ type command struct {
 	// flags registers the command's own flags and returns what runs it with
 	// the positional arguments.
 	flags func(a *app, fs *flag.FlagSet) func(ctx context.Context, c *client.Client, args []string) error
+	// local: the command does not talk to the daemon; it runs with a nil
+	// client.
+	local bool
 }
 
 // usageError is a mistake in the command line: exit 2, with a pointer to
@@ -75,7 +78,7 @@ func usagef(format string, args ...any) error {
 	return usageError{fmt.Sprintf(format, args...)}
 }
 
-var commands = []*command{addCmd, removeCmd, getCmd, listCmd, watchCmd, healthCmd}
+var commands = []*command{addCmd, removeCmd, getCmd, listCmd, watchCmd, healthCmd, doctorCmd}
 
 func lookup(name string) *command {
 	for _, c := range commands {
@@ -135,11 +138,14 @@ func (a *app) run(ctx context.Context, args []string) int {
 		return a.usageFailed(cmd.name, err)
 	}
 
-	c, err := client.Dial(ctx, a.socket, client.WithTimeout(a.timeout))
-	if err != nil {
-		return a.usageFailed(cmd.name, usagef("--socket: %v", err))
+	var c *client.Client
+	if !cmd.local {
+		c, err = client.Dial(ctx, a.socket, client.WithTimeout(a.timeout))
+		if err != nil {
+			return a.usageFailed(cmd.name, usagef("--socket: %v", err))
+		}
+		defer func() { _ = c.Close() }()
 	}
-	defer func() { _ = c.Close() }()
 	err = do(ctx, c, args)
 	var ue usageError
 	switch {
