@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"path/filepath"
 	"strconv"
@@ -24,6 +25,11 @@ const envPrefix = "NFTREDIR_"
 func envName(flagName string) string {
 	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
+
+// defaultMetricsAddress is a port no Istio component (ztunnel: 15000,
+// 15001, 15006, 15008, 15020, 15021, 15053; istio-cni: 15014) uses, since
+// on a hostNetwork DaemonSet the port is the node's.
+const defaultMetricsAddress = ":15082"
 
 // cmdUninstall is the subcommand that removes the node probe table.
 const cmdUninstall = "uninstall"
@@ -46,6 +52,8 @@ type options struct {
 	reflection        bool
 	shutdownTimeout   time.Duration
 	protectNetns      stringList
+	metricsAddress    string
+	readyFiles        stringList
 
 	zdsSocket     string
 	zdsRequireAck bool
@@ -92,6 +100,12 @@ stock ztunnel gets every enrolled pod's namespace from it, and keeps a
 table in the node's namespace (--node-netns) that SNATs the kubelet's TCP
 to enrolled pods to the probe source address, so probes are not captured.
 
+Before serving it checks the kernel (in a scratch namespace of its own)
+for every feature its rules use, and stops, naming the missing module, if
+one is absent. On --metrics-address it serves HTTP: /healthz (liveness:
+the gRPC server answers), /readyz (readiness: startup reconcile done and
+every --ready-file present) and /metrics (Prometheus, nftredir_*).
+
 Every flag can also be given as an environment variable: NFTREDIR_ plus
 the flag name in upper case with '-' as '_' (--state-dir is
 NFTREDIR_STATE_DIR). A flag on the command line wins over the variable.
@@ -124,6 +138,8 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.BoolVar(&o.reflection, "reflection", true, "serve gRPC reflection, so grpcurl works without .proto files")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM/SIGINT, how long running calls may finish before they are cancelled")
 	fs.Var(&o.protectNetns, "protect-netns", "extra network namespace `paths` that must never be programmed, besides the daemon's own and PID 1's (comma list)")
+	fs.StringVar(&o.metricsAddress, "metrics-address", defaultMetricsAddress, "`host:port` of the HTTP endpoints /healthz (liveness), /readyz (readiness) and /metrics (Prometheus); the default is every address of the node, which kubelet probes on a hostNetwork pod need; empty serves none")
+	fs.Var(&o.readyFiles, "ready-file", "`paths` that must exist for /readyz to report ready, e.g. a file the CNI install step writes once the plugin is in place (comma list)")
 	fs.StringVar(&o.zdsSocket, "zds-socket", "/var/run/ztunnel/ztunnel.sock", "`path` of the ZDS socket (SOCK_SEQPACKET) ztunnel connects to for pods' namespaces; its directory is created 0750 root-owned, the socket is 0660; empty serves no ZDS")
 	fs.BoolVar(&o.zdsRequireAck, "zds-require-ack", false, "AddPod waits for the node proxy's ZDS ack and returns UNAVAILABLE without one (the pod stays enrolled; the caller retries); needs --zds-socket")
 	fs.BoolVar(&o.probeSNAT, "probe-snat", true, "keep the node probe table: the kubelet's TCP to enrolled pods leaves the node from the probe source address, which pods do not capture")
@@ -229,6 +245,11 @@ func (o *options) check() error {
 	}
 	if o.socketGroup < 0 {
 		bad("--socket-group %d is not a gid", o.socketGroup)
+	}
+	if o.metricsAddress != "" {
+		if _, port, err := net.SplitHostPort(o.metricsAddress); err != nil || port == "" {
+			bad("--metrics-address %q: want host:port, e.g. :15082 or 127.0.0.1:15082 (or empty to serve none)", o.metricsAddress)
+		}
 	}
 	if o.zdsSocket != "" && (!filepath.IsAbs(o.zdsSocket) || filepath.Clean(o.zdsSocket) != o.zdsSocket) {
 		bad("--zds-socket %q must be an absolute, clean path (or empty to serve no ZDS)", o.zdsSocket)

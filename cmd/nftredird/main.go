@@ -180,6 +180,7 @@ func serve(opts *options, root hclog.Logger) error {
 		}()
 		cfg.Probe = m
 	}
+	met := observe(opts, &cfg, root)
 	var (
 		srv *server.Server
 		zs  *zdsServing
@@ -196,6 +197,7 @@ func serve(opts *options, root hclog.Logger) error {
 	if err != nil {
 		return err
 	}
+	setSources(met, srv, zs, cfg.Probe)
 	lis, err := listenSocket(opts.socket, opts.socketGroup)
 	if err != nil {
 		return err
@@ -216,6 +218,15 @@ func serve(opts *options, root hclog.Logger) error {
 		// waiting for a proxy's ack.
 		defer zs.stop(root)
 	}
+	_, stopHTTP, err := serveHTTP(opts, srv, met, root)
+	if err != nil {
+		lis.Close()
+		return err
+	}
+	// Deferred after the socket's removal, so it runs before it: once Run
+	// has stopped gRPC, /readyz has been answering 503 all along the
+	// graceful stop.
+	defer stopHTTP()
 	root.Info("listening", "socket", opts.socket, "state_dir", opts.stateDir, "allow_uids", opts.allowUIDs.String(), "allow_gids", opts.allowGIDs.String(), "socket_group", opts.socketGroup,
 		"zds_socket", opts.zdsSocket, "zds_require_ack", opts.zdsRequireAck, "probe_snat", opts.probeSNAT, "node_netns", nodeNetnsName(opts.nodeNetns), "kubelet_uid", uint32(opts.kubeletUID))
 	return srv.Run(ctx, lis, opts.shutdownTimeout)
