@@ -26,10 +26,11 @@ func envName(flagName string) string {
 	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
-// defaultMetricsAddress is a port no Istio component (ztunnel: 15000,
-// 15001, 15006, 15008, 15020, 15021, 15053; istio-cni: 15014) uses, since
-// on a hostNetwork DaemonSet the port is the node's.
-const defaultMetricsAddress = ":15082"
+// defaultMetricsAddress is istio-cni's monitoring port, the node agent
+// whose place nftredird takes; it is none of ztunnel's (15000, 15001,
+// 15006, 15008, 15020, 15021, 15053), which runs beside it. On a
+// hostNetwork DaemonSet the port is the node's.
+const defaultMetricsAddress = ":15014"
 
 // cmdUninstall is the subcommand that removes the node probe table.
 const cmdUninstall = "uninstall"
@@ -248,7 +249,7 @@ func (o *options) check() error {
 	}
 	if o.metricsAddress != "" {
 		if _, port, err := net.SplitHostPort(o.metricsAddress); err != nil || port == "" {
-			bad("--metrics-address %q: want host:port, e.g. :15082 or 127.0.0.1:15082 (or empty to serve none)", o.metricsAddress)
+			bad("--metrics-address %q: want host:port, e.g. :15014 or 127.0.0.1:15014 (or empty to serve none)", o.metricsAddress)
 		}
 	}
 	if o.zdsSocket != "" && (!filepath.IsAbs(o.zdsSocket) || filepath.Clean(o.zdsSocket) != o.zdsSocket) {

@@ -109,7 +109,7 @@ type Server struct {
 	log  hclog.Logger
 }
 
-// Listen binds addr (host:port; ":15082" is every address of the node), so
+// Listen binds addr (host:port; ":15014" is every address of the node), so
 // that a busy port is a startup error.
 func Listen(addr string, h http.Handler, log hclog.Logger) (*Server, error) {
 	lis, err := net.Listen("tcp", addr)
