@@ -104,6 +104,9 @@ func (d *nftredird) start(t *testing.T) {
 		"--log-level", "debug",
 		"--probe-snat=false",
 		"--zds-socket=",
+		// Not the node's port 15014; a test that wants the endpoints
+		// gives an address of its own.
+		"--metrics-address=",
 	}, d.args...)
 	cmd := exec.Command(d.bin.Daemon, args...)
 	cmd.Env = cleanEnv()

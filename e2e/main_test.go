@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 
@@ -74,8 +75,16 @@ func binaries(t testing.TB) Binaries {
 		if err != nil {
 			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
 		}
-		cmd := exec.Command(goBin, "build", "-o", binDir+"/", "./cmd/nftredird", "./cmd/nftredirctl", "./cmd/nftredir-cni")
+		// As make build does: static, and stamped for --version.
+		ldflags, err := exec.Command(filepath.Join(repo, "hack", "version-ldflags.sh")).Output()
+		if err != nil {
+			buildErr = fmt.Errorf("hack/version-ldflags.sh: %v", err)
+			return
+		}
+		cmd := exec.Command(goBin, "build", "-buildvcs=auto", "-ldflags", strings.TrimSpace(string(ldflags)),
+			"-o", binDir+"/", "./cmd/nftredird", "./cmd/nftredirctl", "./cmd/nftredir-cni")
 		cmd.Dir = repo
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build ./cmd/nftredird ./cmd/nftredirctl ./cmd/nftredir-cni: %v\n%s", err, out)
 		}

@@ -147,6 +147,15 @@ func New(cfg Config) (*Manager, error) {
 	}, nil
 }
 
+// Addresses is how many pod addresses the sets hold, as far as the Manager
+// knows (what it read last plus what it committed since); it does not
+// read the kernel, so it is cheap enough for every metrics scrape.
+func (m *Manager) Addresses() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.applied)
+}
+
 // Ruleset is the skeleton the Manager keeps in place.
 func (m *Manager) Ruleset() *Ruleset { return m.rs }
 

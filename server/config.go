@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 
 	"github.com/nftredir/nftredir/netns"
@@ -46,6 +47,14 @@ type Config struct {
 	ReconcileWorkers int
 	// Reflection registers gRPC server reflection, for grpcurl.
 	Reflection bool
+	// UnaryInterceptors and StreamInterceptors run outermost, before
+	// logging and auth, so they see every call and its final code (the
+	// daemon's call metrics).
+	UnaryInterceptors  []grpc.UnaryServerInterceptor
+	StreamInterceptors []grpc.StreamServerInterceptor
+	// OnReconcile, when set, hears the outcome and duration of every
+	// completed reconcile pass, the startup one included.
+	OnReconcile func(ReconcileResult, time.Duration)
 	// ZDS, when set, is told about every enrolment and release, so a node
 	// proxy following ZDS (ztunnel) gets each pod's namespace. Leave it nil
 	// to serve no ZDS: a nil *zds.Server in this field is not nil.
@@ -78,6 +87,10 @@ type Server struct {
 	interval time.Duration
 	workers  int
 	reflect  bool
+
+	unaryInterceptors  []grpc.UnaryServerInterceptor
+	streamInterceptors []grpc.StreamServerInterceptor
+	onReconcile        func(ReconcileResult, time.Duration)
 
 	zds           ZDS
 	zdsRequireAck bool
@@ -171,6 +184,8 @@ func New(cfg Config) (*Server, error) {
 	limits := cfg.Limits.withDefaults()
 	s.conns = newCounter(limits.MaxConnections, limits.MaxConnectionsPerUID)
 	s.watchers = newCounter(limits.MaxWatchers, limits.MaxWatchersPerUID)
+	s.unaryInterceptors, s.streamInterceptors = cfg.UnaryInterceptors, cfg.StreamInterceptors
+	s.onReconcile = cfg.OnReconcile
 	records, err := store.List()
 	if err != nil {
 		return nil, fmt.Errorf("load records: %w", err)
@@ -184,3 +199,10 @@ func New(cfg Config) (*Server, error) {
 // now is the timestamp for records: UTC, so records read the same on any
 // node.
 func (s *Server) now() time.Time { return time.Now().UTC() }
+
+// Ready reports whether the server is SERVING: its startup reconcile (and
+// BeforeServing) are done and it is not stopping.
+func (s *Server) Ready() bool { return s.ready.Load() }
+
+// EnrolledPods counts the records, without reading them.
+func (s *Server) EnrolledPods() (int, error) { return s.store.Count() }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
@@ -48,7 +49,7 @@ const maxStreams = 32
 // (if configured) reflection registered, and the interceptor chain:
 // logging (not for health checks), peer-credential auth, then panic
 // recovery innermost, so a panicking handler's Internal status is what
-// the logging interceptor records.
+// the logging interceptor records. Config's interceptors come first.
 func (s *Server) NewGRPCServer() *grpc.Server {
 	reqLog := s.log.Named("grpc")
 	logOpts := []logging.Option{
@@ -81,16 +82,16 @@ func (s *Server) NewGRPCServer() *grpc.Server {
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second, MaxConnectionIdle: 5 * time.Minute}),
 		// The handshake reads a socket option; anything slower is a stuck peer.
 		grpc.ConnectionTimeout(5*time.Second),
-		grpc.ChainUnaryInterceptor(
+		grpc.ChainUnaryInterceptor(append(slices.Clip(s.unaryInterceptors),
 			selector.UnaryServerInterceptor(logging.UnaryServerInterceptor(InterceptorLogger(reqLog), logOpts...), notHealth),
 			s.allow.unaryInterceptor(),
 			recovery.UnaryServerInterceptor(recoverOpt),
-		),
-		grpc.ChainStreamInterceptor(
+		)...),
+		grpc.ChainStreamInterceptor(append(slices.Clip(s.streamInterceptors),
 			selector.StreamServerInterceptor(logging.StreamServerInterceptor(InterceptorLogger(reqLog), logOpts...), notHealth),
 			s.allow.streamInterceptor(),
 			recovery.StreamServerInterceptor(recoverOpt),
-		),
+		)...),
 	)
 	nftredirv1.RegisterRedirectServiceServer(gs, s)
 	healthgrpc.RegisterHealthServer(gs, s.health)

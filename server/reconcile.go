@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -38,6 +39,7 @@ const (
 // a state directory that cannot be read at all.
 func (s *Server) Reconcile(ctx context.Context) (ReconcileResult, error) {
 	var res ReconcileResult
+	start := time.Now()
 	records, err := s.store.List()
 	if err != nil {
 		return res, fmt.Errorf("reconcile: %w", err)
@@ -75,6 +77,9 @@ func (s *Server) Reconcile(ctx context.Context) (ReconcileResult, error) {
 	level := hclog.Debug
 	if res.Repaired+res.Dropped+res.Failed+res.Released > 0 {
 		level = hclog.Info
+	}
+	if s.onReconcile != nil {
+		s.onReconcile(res, time.Since(start))
 	}
 	s.log.Log(level, "reconcile done", "pods", len(records), "in_sync", res.InSync, "repaired", res.Repaired, "dropped", res.Dropped, "failed", res.Failed, "released", res.Released)
 	return res, nil

@@ -133,6 +133,21 @@ func (s *Store) List() ([]*Record, error) {
 	return out, nil
 }
 
+// Count counts the record files, without reading them.
+func (s *Store) Count() (int, error) {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return 0, fmt.Errorf("read state dir: %w", err)
+	}
+	n := 0
+	for _, e := range entries {
+		if e.Type().IsRegular() && isRecordName(e.Name()) {
+			n++
+		}
+	}
+	return n, nil
+}
+
 // newerError marks a record of a newer format than this daemon reads.
 type newerError struct {
 	file    string

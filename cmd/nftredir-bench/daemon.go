@@ -94,6 +94,8 @@ func startDaemon(bin, dir, nodeNetns string, extra ...string) (*daemon, error) {
 		"--node-netns", nodeNetns,
 		"--probe-snat=true",
 		"--zds-socket=",
+		// Served, as in production, but not on the node's port.
+		"--metrics-address=127.0.0.1:0",
 	}, extra...)
 	d.cmd = exec.Command(bin, args...)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf

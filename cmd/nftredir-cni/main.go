@@ -4,17 +4,21 @@
 package main
 
 import (
-	"runtime/debug"
+	"os"
 
 	"github.com/containernetworking/cni/pkg/skel"
 
 	"github.com/nftredir/nftredir/cmd/nftredir-cni/internal/plugin"
+	"github.com/nftredir/nftredir/internal/version"
 )
 
 func main() {
-	about := "nftredir-cni: enrols pods with nftredird (chained CNI plugin)"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		about += " " + bi.Main.Version
+	// A runtime calls the plugin with no arguments and CNI_COMMAND set
+	// (VERSION included); an argument is a person asking.
+	if len(os.Args) == 2 && (os.Args[1] == "--version" || os.Args[1] == "-version") {
+		version.Print(os.Stdout, "nftredir-cni")
+		return
 	}
+	about := "nftredir-cni: enrols pods with nftredird (chained CNI plugin) " + version.Get().String()
 	skel.PluginMainFuncs(plugin.New().Funcs(), plugin.Versions, about)
 }

@@ -8,10 +8,12 @@ import (
 	"io"
 	"strings"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/nftredir/nftredir/client"
+	"github.com/nftredir/nftredir/internal/selftest"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
@@ -317,4 +319,57 @@ func printJSON(w io.Writer, m proto.Message) error {
 	}
 	_, err = fmt.Fprintf(w, "%s\n", b)
 	return err
+}
+
+var doctorCmd = &command{
+	name:    "doctor",
+	summary: "check that this node's kernel has what nftredir needs",
+	local:   true,
+	help: `
+Runs the kernel self-test that nftredird runs before it serves: in a scratch
+network namespace of its own (made and thrown away, nothing else is
+touched) it programs each feature nftredir's rules use (nf_tables, NAT
+chains, conntrack, socket, tproxy, redirect, policy routing), then the
+complete pod tables of both capture modes and the node probe table, with
+nftredir's default settings. A failed check names the kernel module to
+load. It does not talk to the daemon, and needs root (CAP_SYS_ADMIN and
+CAP_NET_ADMIN). Exits 0 only when every check passes.
+
+Examples:
+  sudo nftredirctl doctor
+`,
+	flags: func(a *app, fs *flag.FlagSet) func(context.Context, *client.Client, []string) error {
+		return func(ctx context.Context, _ *client.Client, args []string) error {
+			if len(args) > 0 {
+				return usagef("unexpected argument %q (doctor takes no arguments)", args[0])
+			}
+			checks, err := selftest.Checks(selftest.DefaultConfig())
+			if err != nil {
+				return err
+			}
+			results, err := selftest.Run(ctx, checks)
+			if len(results) == 0 && err != nil {
+				if errors.Is(err, unix.EPERM) {
+					return fmt.Errorf("%w (doctor needs root)", err)
+				}
+				return err
+			}
+			w := newTable(a.stdout)
+			for _, r := range results {
+				if r.Err == nil {
+					fmt.Fprintf(w, "ok\t%s\n", r.Name)
+				} else {
+					fmt.Fprintf(w, "FAIL\t%s\t%v; %s\n", r.Name, r.Err, r.Hint())
+				}
+			}
+			if err := w.Flush(); err != nil {
+				return err
+			}
+			var serr *selftest.Error
+			if errors.As(err, &serr) {
+				return fmt.Errorf("%d of %d kernel checks failed; nftredird would refuse to start", len(serr.Failed), len(results))
+			}
+			return err
+		}
+	},
 }

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/nftredir/nftredir/client"
+	"github.com/nftredir/nftredir/internal/version"
 )
 
 // Exit codes, as documented in the usage text.
@@ -62,6 +63,9 @@ type command struct {
 	// flags registers the command's own flags and returns what runs it with
 	// the positional arguments.
 	flags func(a *app, fs *flag.FlagSet) func(ctx context.Context, c *client.Client, args []string) error
+	// local: the command does not talk to the daemon; it runs with a nil
+	// client.
+	local bool
 }
 
 // usageError is a mistake in the command line: exit 2, with a pointer to
@@ -74,7 +78,7 @@ func usagef(format string, args ...any) error {
 	return usageError{fmt.Sprintf(format, args...)}
 }
 
-var commands = []*command{addCmd, removeCmd, getCmd, listCmd, watchCmd, healthCmd}
+var commands = []*command{addCmd, removeCmd, getCmd, listCmd, watchCmd, healthCmd, doctorCmd}
 
 func lookup(name string) *command {
 	for _, c := range commands {
@@ -93,6 +97,7 @@ func (a *app) run(ctx context.Context, args []string) int {
 	a.timeout = defaultWait
 
 	global := a.newFlagSet("nftredirctl")
+	showVersion := global.Bool("version", false, "print the version and exit")
 	args, err := parse(global, args, true)
 	if errors.Is(err, flag.ErrHelp) {
 		a.usage(a.stdout)
@@ -100,6 +105,10 @@ func (a *app) run(ctx context.Context, args []string) int {
 	}
 	if err != nil {
 		return a.usageFailed("", err)
+	}
+	if *showVersion {
+		version.Print(a.stdout, "nftredirctl")
+		return exitOK
 	}
 	if len(args) == 0 {
 		a.usage(a.stderr)
@@ -129,11 +138,14 @@ func (a *app) run(ctx context.Context, args []string) int {
 		return a.usageFailed(cmd.name, err)
 	}
 
-	c, err := client.Dial(ctx, a.socket, client.WithTimeout(a.timeout))
-	if err != nil {
-		return a.usageFailed(cmd.name, usagef("--socket: %v", err))
+	var c *client.Client
+	if !cmd.local {
+		c, err = client.Dial(ctx, a.socket, client.WithTimeout(a.timeout))
+		if err != nil {
+			return a.usageFailed(cmd.name, usagef("--socket: %v", err))
+		}
+		defer func() { _ = c.Close() }()
 	}
-	defer func() { _ = c.Close() }()
 	err = do(ctx, c, args)
 	var ue usageError
 	switch {
@@ -205,6 +217,7 @@ Global flags (they may also follow the command):
   --socket PATH        the daemon's Unix socket (default %s,
                        or $NFTREDIR_SOCKET when set)
   --timeout DURATION   give up on a call after this long (default %s; 0 waits forever)
+  --version            print the version (module, VCS revision, Go version) and exit
 
 Run 'nftredirctl <command> --help' (or 'nftredirctl help <command>') for a
 command's flags and examples. Talking to the daemon needs root or a uid/gid

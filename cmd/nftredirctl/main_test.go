@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/nftredir/nftredir/client"
 	"github.com/nftredir/nftredir/client/clienttest"
+	"github.com/nftredir/nftredir/internal/nstest"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
@@ -532,5 +534,34 @@ func TestListShowsQuarantined(t *testing.T) {
 	var got nftredirv1.ListPodsResponse
 	if err := protojson.Unmarshal([]byte(e.mustRun(t, "list", "-o", "json")), &got); err != nil || len(got.Quarantined) != 1 || !proto.Equal(got.Quarantined[0], q) {
 		t.Errorf("list -o json = %v, %v; want the quarantined record", &got, err)
+	}
+}
+
+func TestDoctor(t *testing.T) {
+	nstest.RequirePrivileged(t)
+	// A socket nobody serves on: doctor must not need the daemon.
+	e := &env{socket: filepath.Join(t.TempDir(), "none.sock")}
+	out, errOut, code := e.run(t, "doctor")
+	if code != exitOK {
+		t.Fatalf("doctor: exit %d\n%s%s", code, out, errOut)
+	}
+	for _, want := range []string{"ok  tproxy", "ok  socket", "ok  redirect", "ok  policy routing", "ok  pod table (TPROXY mode)", "ok  node probe table"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("doctor output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "FAIL") {
+		t.Errorf("a check failed:\n%s", out)
+	}
+	if _, _, code := e.run(t, "doctor", "extra"); code != exitUsage {
+		t.Errorf("doctor with an argument: exit %d, want %d", code, exitUsage)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	e := &env{socket: "/nonexistent.sock"}
+	out, _, code := e.run(t, "--version")
+	if code != exitOK || !strings.HasPrefix(out, "nftredirctl ") || !strings.Contains(out, " go1.") {
+		t.Errorf("--version: exit %d, %q", code, out)
 	}
 }

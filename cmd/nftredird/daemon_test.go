@@ -99,7 +99,7 @@ func TestDaemonLifecycle(t *testing.T) {
 	// would program the machine's own namespace and serve under
 	// /var/run/ztunnel.
 	args := []string{"--socket", socket, "--state-dir", filepath.Join(dir, "pods"), "--socket-group", "1234", "--log-format", "text",
-		"--probe-snat=false", "--zds-socket="}
+		"--probe-snat=false", "--zds-socket=", "--metrics-address=127.0.0.1:0"}
 	d := startDaemon(t, args...)
 	waitServing(t, socket)
 

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"path/filepath"
 	"strconv"
@@ -25,6 +26,12 @@ func envName(flagName string) string {
 	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
+// defaultMetricsAddress is istio-cni's monitoring port, the node agent
+// whose place nftredird takes; it is none of ztunnel's (15000, 15001,
+// 15006, 15008, 15020, 15021, 15053), which runs beside it. On a
+// hostNetwork DaemonSet the port is the node's.
+const defaultMetricsAddress = ":15014"
+
 // cmdUninstall is the subcommand that removes the node probe table.
 const cmdUninstall = "uninstall"
 
@@ -32,6 +39,8 @@ const cmdUninstall = "uninstall"
 type options struct {
 	// command is "" to run the daemon, or cmdUninstall.
 	command string
+	// version: print the build's version and exit; nothing else is checked.
+	version bool
 
 	socket            string
 	stateDir          string
@@ -44,6 +53,8 @@ type options struct {
 	reflection        bool
 	shutdownTimeout   time.Duration
 	protectNetns      stringList
+	metricsAddress    string
+	readyFiles        stringList
 
 	zdsSocket     string
 	zdsRequireAck bool
@@ -90,6 +101,12 @@ stock ztunnel gets every enrolled pod's namespace from it, and keeps a
 table in the node's namespace (--node-netns) that SNATs the kubelet's TCP
 to enrolled pods to the probe source address, so probes are not captured.
 
+Before serving it checks the kernel (in a scratch namespace of its own)
+for every feature its rules use, and stops, naming the missing module, if
+one is absent. On --metrics-address it serves HTTP: /healthz (liveness:
+the gRPC server answers), /readyz (readiness: startup reconcile done and
+every --ready-file present) and /metrics (Prometheus, nftredir_*).
+
 Every flag can also be given as an environment variable: NFTREDIR_ plus
 the flag name in upper case with '-' as '_' (--state-dir is
 NFTREDIR_STATE_DIR). A flag on the command line wins over the variable.
@@ -122,6 +139,8 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.BoolVar(&o.reflection, "reflection", true, "serve gRPC reflection, so grpcurl works without .proto files")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM/SIGINT, how long running calls may finish before they are cancelled")
 	fs.Var(&o.protectNetns, "protect-netns", "extra network namespace `paths` that must never be programmed, besides the daemon's own and PID 1's (comma list)")
+	fs.StringVar(&o.metricsAddress, "metrics-address", defaultMetricsAddress, "`host:port` of the HTTP endpoints /healthz (liveness), /readyz (readiness) and /metrics (Prometheus); the default is every address of the node, which kubelet probes on a hostNetwork pod need; empty serves none")
+	fs.Var(&o.readyFiles, "ready-file", "`paths` that must exist for /readyz to report ready, e.g. a file the CNI install step writes once the plugin is in place (comma list)")
 	fs.StringVar(&o.zdsSocket, "zds-socket", "/var/run/ztunnel/ztunnel.sock", "`path` of the ZDS socket (SOCK_SEQPACKET) ztunnel connects to for pods' namespaces; its directory is created 0750 root-owned, the socket is 0660; empty serves no ZDS")
 	fs.BoolVar(&o.zdsRequireAck, "zds-require-ack", false, "AddPod waits for the node proxy's ZDS ack and returns UNAVAILABLE without one (the pod stays enrolled; the caller retries); needs --zds-socket")
 	fs.BoolVar(&o.probeSNAT, "probe-snat", true, "keep the node probe table: the kubelet's TCP to enrolled pods leaves the node from the probe source address, which pods do not capture")
@@ -140,6 +159,7 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.IntVar(&o.rulePriority, "rule-priority", 32764, "`priority` of the fwmark ip rule")
 	fs.Var(&o.probeV4, "probe-source-v4", "kubelet probe source `address` (SNATed on the node) that bypasses capture; empty disables")
 	fs.Var(&o.probeV6, "probe-source-v6", "IPv6 kubelet probe source `address`; empty disables")
+	fs.BoolVar(&o.version, "version", false, "print the version (module, VCS revision and time, Go version) and exit")
 	fs.Usage = func() {}
 	for {
 		if err := fs.Parse(args); err != nil {
@@ -154,6 +174,9 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 			continue
 		}
 		break
+	}
+	if o.version {
+		return o, nil
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q; nftredird takes flags and the one command %q", fs.Args(), cmdUninstall)
@@ -223,6 +246,11 @@ func (o *options) check() error {
 	}
 	if o.socketGroup < 0 {
 		bad("--socket-group %d is not a gid", o.socketGroup)
+	}
+	if o.metricsAddress != "" {
+		if _, port, err := net.SplitHostPort(o.metricsAddress); err != nil || port == "" {
+			bad("--metrics-address %q: want host:port, e.g. :15014 or 127.0.0.1:15014 (or empty to serve none)", o.metricsAddress)
+		}
 	}
 	if o.zdsSocket != "" && (!filepath.IsAbs(o.zdsSocket) || filepath.Clean(o.zdsSocket) != o.zdsSocket) {
 		bad("--zds-socket %q must be an absolute, clean path (or empty to serve no ZDS)", o.zdsSocket)

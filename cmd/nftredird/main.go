@@ -17,6 +17,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/nftredir/nftredir/internal/selftest"
+	"github.com/nftredir/nftredir/internal/version"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 	"github.com/nftredir/nftredir/probe"
@@ -52,6 +54,10 @@ func run(args []string, lookupEnv func(string) (string, bool), stderr io.Writer)
 	if err != nil {
 		fmt.Fprintf(stderr, "nftredird: %v\nRun nftredird --help for the flags.\n", err)
 		return 2
+	}
+	if opts.version {
+		version.Print(os.Stdout, "nftredird")
+		return 0
 	}
 	root := hclog.New(&hclog.LoggerOptions{
 		Name:       "nftredird",
@@ -123,10 +129,11 @@ func newProbe(ctx context.Context, opts *options, root hclog.Logger) (*probe.Man
 	return m, nil
 }
 
-// serve runs the daemon. Start order: the guard; the node probe table;
-// the server (loading records); the sockets; then, inside Run, the startup
-// reconcile (which fills the probe sets), ZDS serving (so a proxy's first
-// snapshot is the reconciled set), and health SERVING.
+// serve runs the daemon. Start order: the guard; the kernel self-test;
+// the node probe table; the server (loading records); the sockets; then,
+// inside Run, the startup reconcile (which fills the probe sets), ZDS
+// serving (so a proxy's first snapshot is the reconciled set), and health
+// SERVING.
 func serve(opts *options, root hclog.Logger) error {
 	protect := slices.Clone(opts.protectNetns)
 	if opts.nodeNetns != "" {
@@ -143,6 +150,9 @@ func serve(opts *options, root hclog.Logger) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if err := kernelSelfTest(ctx, opts, root); err != nil {
+		return err
+	}
 	defaults := opts.spec
 	cfg := server.Config{
 		Guard:             guard,
@@ -170,6 +180,7 @@ func serve(opts *options, root hclog.Logger) error {
 		}()
 		cfg.Probe = m
 	}
+	met := observe(opts, &cfg, root)
 	var (
 		srv *server.Server
 		zs  *zdsServing
@@ -186,6 +197,7 @@ func serve(opts *options, root hclog.Logger) error {
 	if err != nil {
 		return err
 	}
+	setSources(met, srv, zs, cfg.Probe)
 	lis, err := listenSocket(opts.socket, opts.socketGroup)
 	if err != nil {
 		return err
@@ -206,9 +218,48 @@ func serve(opts *options, root hclog.Logger) error {
 		// waiting for a proxy's ack.
 		defer zs.stop(root)
 	}
+	_, stopHTTP, err := serveHTTP(opts, srv, met, root)
+	if err != nil {
+		lis.Close()
+		return err
+	}
+	// Deferred after the socket's removal, so it runs before it: once Run
+	// has stopped gRPC, /readyz has been answering 503 all along the
+	// graceful stop.
+	defer stopHTTP()
 	root.Info("listening", "socket", opts.socket, "state_dir", opts.stateDir, "allow_uids", opts.allowUIDs.String(), "allow_gids", opts.allowGIDs.String(), "socket_group", opts.socketGroup,
 		"zds_socket", opts.zdsSocket, "zds_require_ack", opts.zdsRequireAck, "probe_snat", opts.probeSNAT, "node_netns", nodeNetnsName(opts.nodeNetns), "kubelet_uid", uint32(opts.kubeletUID))
 	return srv.Run(ctx, lis, opts.shutdownTimeout)
+}
+
+// kernelSelfTest programs the rulesets this daemon would install into a
+// scratch namespace before anything is served: on a kernel without one of
+// their features the daemon stops, naming the module, rather than serve
+// and fail every AddPod.
+func kernelSelfTest(ctx context.Context, opts *options, root hclog.Logger) error {
+	cfg := selftest.Config{Spec: opts.spec, Routing: opts.routing}
+	if opts.probeSNAT {
+		cfg.Probe = &probe.Spec{KubeletUID: uint32(opts.kubeletUID), SourceV4: opts.probeV4.Addr, SourceV6: opts.probeV6.Addr}
+	}
+	checks, err := selftest.Checks(cfg)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	results, err := selftest.Run(ctx, checks)
+	log := root.Named("selftest")
+	for _, r := range results {
+		if r.Err != nil {
+			log.Error("kernel check failed", "check", r.Name, "error", r.Err, "hint", r.Hint())
+		} else {
+			log.Debug("kernel check passed", "check", r.Name, "duration", r.Duration)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	log.Info("kernel self-test passed", "checks", len(results), "duration", time.Since(start))
+	return nil
 }
 
 // zdsServing is the ZDS server and the goroutine serving it.

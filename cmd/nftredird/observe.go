@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/nftredir/nftredir/client"
+	"github.com/nftredir/nftredir/internal/health"
+	"github.com/nftredir/nftredir/internal/metrics"
+	"github.com/nftredir/nftredir/probe"
+	"github.com/nftredir/nftredir/server"
+)
+
+// observe wires the metrics into the server's config: the apply timer
+// around the applier, the call counter in front of the interceptors, and
+// the reconcile hook. It returns nil, changing nothing, when
+// --metrics-address is empty.
+func observe(opts *options, cfg *server.Config, root hclog.Logger) *metrics.Metrics {
+	if opts.metricsAddress == "" {
+		return nil
+	}
+	m := metrics.New(root.Named("metrics"))
+	cfg.Applier = m.Applier(cfg.Applier)
+	cfg.UnaryInterceptors = append(cfg.UnaryInterceptors, m.UnaryInterceptor())
+	cfg.StreamInterceptors = append(cfg.StreamInterceptors, m.StreamInterceptor())
+	prev := cfg.OnReconcile
+	cfg.OnReconcile = func(res server.ReconcileResult, d time.Duration) {
+		if prev != nil {
+			prev(res, d)
+		}
+		m.ObserveReconcile(res, d)
+	}
+	return m
+}
+
+// setSources points the scrape-time metrics at the server, the ZDS server
+// and the node probe table (zs and pt may be nil).
+func setSources(m *metrics.Metrics, srv *server.Server, zs *zdsServing, pt server.ProbeTable) {
+	if m == nil {
+		return
+	}
+	src := metrics.Sources{EnrolledPods: srv.EnrolledPods}
+	if zs != nil {
+		src.ZDS = zs.srv.Stats
+	}
+	if pm, ok := pt.(*probe.Manager); ok {
+		src.ProbeAddresses = pm.Addresses
+	}
+	m.SetSources(src)
+}
+
+// httpShutdownTimeout bounds the end of a scrape or probe in flight at
+// exit.
+const httpShutdownTimeout = 2 * time.Second
+
+// serveHTTP binds --metrics-address and serves /healthz, /readyz and
+// /metrics until the returned stop is called. Liveness asks the daemon's
+// own gRPC health service over its socket, so a daemon whose gRPC server
+// no longer answers is restarted; readiness is the server's SERVING state
+// (startup reconcile done, not stopping) plus every --ready-file. The
+// kernel self-test has passed by the time this runs, or the daemon would
+// have stopped.
+//
+// It returns the bound address ("" when --metrics-address is empty).
+func serveHTTP(opts *options, srv *server.Server, m *metrics.Metrics, root hclog.Logger) (addr string, stop func(), err error) {
+	if m == nil {
+		return "", func() {}, nil
+	}
+	self, err := client.Dial(context.Background(), opts.socket, client.WithRetry(1, 0), client.WithTimeout(time.Second))
+	if err != nil {
+		return "", nil, err
+	}
+	ready := []health.Check{
+		{Name: "startup reconcile", Check: func(context.Context) error {
+			if !srv.Ready() {
+				return errors.New("not serving: reconciling recorded pods at startup, or stopping")
+			}
+			return nil
+		}},
+	}
+	for _, f := range opts.readyFiles {
+		ready = append(ready, health.FileExists(f))
+	}
+	h := health.NewHandler(health.Config{
+		Liveness: []health.Check{{Name: "grpc", Check: func(ctx context.Context) error {
+			// NOT_SERVING is alive: a long startup reconcile must not get
+			// the daemon killed.
+			_, err := self.Health(ctx)
+			if err != nil {
+				return fmt.Errorf("the gRPC server on %s does not answer: %w", opts.socket, err)
+			}
+			return nil
+		}}},
+		Readiness: ready,
+		Metrics:   m.Handler(),
+	})
+	hs, err := health.Listen(opts.metricsAddress, h, root.Named("http"))
+	if err != nil {
+		self.Close()
+		return "", nil, err
+	}
+	hs.Start()
+	root.Info("serving health and metrics", "address", hs.Addr().String(), "ready_files", opts.readyFiles.String())
+	return hs.Addr().String(), func() {
+		hs.Shutdown(httpShutdownTimeout)
+		self.Close()
+	}, nil
+}

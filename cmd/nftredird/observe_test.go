@@ -1,0 +1,157 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/nftredir/nftredir/client"
+	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/netns"
+	"github.com/nftredir/nftredir/nft"
+	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+	"github.com/nftredir/nftredir/server"
+)
+
+// gatedApplier holds every Verify until open is closed: a startup
+// reconcile that takes as long as the test wants.
+type gatedApplier struct {
+	nft.Applier
+	open chan struct{}
+}
+
+func (g *gatedApplier) Verify(ctx context.Context, h *netns.Handle, rs *nft.Ruleset) (nft.Status, string, error) {
+	select {
+	case <-g.open:
+	case <-ctx.Done():
+		return 0, "", ctx.Err()
+	}
+	return g.Applier.Verify(ctx, h, rs)
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// runServer serves srv on socket until the returned stop is called.
+func runServer(t *testing.T, srv *server.Server, socket string) (stop func()) {
+	t.Helper()
+	lis, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx, lis, 5*time.Second) }()
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// TestReadyzWaitsForStartupReconcile restarts a server on the state of an
+// enrolled pod with a startup reconcile held open: /healthz answers 200
+// (a slow start must not get the daemon killed) and /readyz 503 until the
+// reconcile is done, then 200.
+func TestReadyzWaitsForStartupReconcile(t *testing.T) {
+	nstest.RequirePrivileged(t)
+	dir := t.TempDir()
+	stateDir := filepath.Join(dir, "pods")
+	socket := filepath.Join(dir, "nftredir.sock")
+	guard, err := netns.NewGuard()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := nstest.NewNetns(t)
+	base := server.Config{Guard: guard, StateDir: stateDir, ReconcileInterval: -1}
+
+	// A first server enrols the pod, so the second has a record to
+	// reconcile at its start.
+	first := base
+	first.Applier = nft.NewNetlink()
+	srv, err := server.New(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runServer(t, srv, socket)
+	c, err := client.Dial(context.Background(), socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.AddPod(context.Background(), &nftredirv1.AddPodRequest{PodUid: "readyz-pod", NetnsPath: ns.Path}); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+
+	gate := &gatedApplier{Applier: nft.NewNetlink(), open: make(chan struct{})}
+	opened := false
+	defer func() {
+		if !opened {
+			close(gate.open)
+		}
+	}()
+	second := base
+	second.Applier = gate
+	opts := &options{socket: socket, metricsAddress: "127.0.0.1:0"}
+	log := hclog.NewNullLogger()
+	met := observe(opts, &second, log)
+	srv, err = server.New(second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setSources(met, srv, nil, nil)
+	runServer(t, srv, socket)
+	addr, stopHTTP, err := serveHTTP(opts, srv, met, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopHTTP()
+	url := "http://" + addr
+
+	if code, body := get(t, url+"/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz during the startup reconcile: %d %q; want 200", code, body)
+	}
+	if code, body := get(t, url+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "FAIL startup reconcile") {
+		t.Errorf("/readyz during the startup reconcile: %d %q; want 503", code, body)
+	}
+	close(gate.open)
+	opened = true
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		code, body := get(t, url+"/readyz")
+		if code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz after the startup reconcile: %d %q; want 200", code, body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, body := get(t, url+"/metrics"); !strings.Contains(body, `nftredir_reconcile_pods_total{outcome="in_sync"} 1`) || !strings.Contains(body, "nftredir_pods_enrolled 1") {
+		t.Errorf("/metrics after the startup reconcile lacks the in-sync pod:\n%s", body)
+	}
+}
