@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -40,6 +41,13 @@ type daemon struct {
 
 func startDaemon(t *testing.T, args ...string) *daemon {
 	t.Helper()
+	return startDaemonWith(t, nil, args...)
+}
+
+// startDaemonWith starts the daemon with attrs, e.g. in a namespace of
+// its own.
+func startDaemonWith(t *testing.T, attrs *syscall.SysProcAttr, args ...string) *daemon {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -47,6 +55,7 @@ func startDaemon(t *testing.T, args ...string) *daemon {
 	d := &daemon{cmd: exec.Command(exe, args...), stderr: &bytes.Buffer{}, done: make(chan error, 1)}
 	d.cmd.Env = append(os.Environ(), asDaemonEnv+"=1")
 	d.cmd.Stderr = d.stderr
+	d.cmd.SysProcAttr = attrs
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -174,4 +183,45 @@ func TestSocketDirChecks(t *testing.T) {
 	if _, err := listenSocket(filepath.Join(link, "x.sock"), 0); err == nil || !strings.Contains(err.Error(), "not a directory") {
 		t.Errorf("symlinked dir: %v", err)
 	}
+}
+
+// TestDefaultStartLeavesNodeNamespaceAlone: started with the defaults, as
+// on a podman host, the daemon adds no table to the namespace it runs in
+// (the node's); given a kubelet uid, as in Kubernetes, it does. Each
+// daemon runs in a fresh network namespace of its own, which stands for
+// the node.
+func TestDefaultStartLeavesNodeNamespaceAlone(t *testing.T) {
+	nstest.RequirePrivileged(t)
+	for _, tc := range []struct {
+		extra     []string
+		wantTable bool
+	}{
+		{nil, false},
+		{[]string{"--kubelet-uid", "0"}, true},
+	} {
+		dir := t.TempDir()
+		socket := filepath.Join(dir, "run", "nftredir.sock")
+		// Only the paths are not the defaults: they would be the machine's.
+		args := append([]string{"--socket", socket, "--state-dir", filepath.Join(dir, "pods"), "--zds-socket="}, tc.extra...)
+		d := startDaemonWith(t, &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}, args...)
+		waitServing(t, socket)
+		tables := nodeTables(t, d.cmd.Process.Pid)
+		if got := strings.Contains(tables, "nftredir"); got != tc.wantTable {
+			t.Errorf("%v: node namespace tables %q; want an nftredir table: %v", tc.extra, tables, tc.wantTable)
+		}
+		d.cmd.Process.Signal(syscall.SIGTERM)
+		if code := d.wait(t); code != 0 {
+			t.Errorf("exit %d, log:\n%s", code, d.stderr)
+		}
+	}
+}
+
+// nodeTables lists the nftables tables of pid's network namespace.
+func nodeTables(t *testing.T, pid int) string {
+	t.Helper()
+	out, err := exec.Command("nsenter", "--net=/proc/"+strconv.Itoa(pid)+"/ns/net", "nft", "list", "tables").CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft list tables: %v: %s", err, out)
+	}
+	return string(out)
 }
