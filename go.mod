@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/containernetworking/cni v1.3.0
+	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/fsnotify/fsnotify v1.10.1
 	github.com/google/go-cmp v0.7.0
 	github.com/google/nftables v0.3.0

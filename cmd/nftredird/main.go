@@ -126,7 +126,7 @@ func newProbe(ctx context.Context, opts *options, root hclog.Logger) (*probe.Man
 // serve runs the daemon. Start order: the guard; the node probe table;
 // the server (loading records); the sockets; then, inside Run, the startup
 // reconcile (which fills the probe sets), ZDS serving (so a proxy's first
-// snapshot is the reconciled set), and health SERVING.
+// snapshot is the reconciled set), systemd's READY=1, and health SERVING.
 func serve(opts *options, root hclog.Logger) error {
 	protect := slices.Clone(opts.protectNetns)
 	if opts.nodeNetns != "" {
@@ -180,7 +180,16 @@ func serve(opts *options, root hclog.Logger) error {
 		if err != nil {
 			return err
 		}
-		cfg.ZDS, cfg.ZDSRequireAck, cfg.BeforeServing = zs.srv, opts.zdsRequireAck, zs.start
+		cfg.ZDS, cfg.ZDSRequireAck = zs.srv, opts.zdsRequireAck
+	}
+	cfg.BeforeServing = func(ctx context.Context) error {
+		if zs != nil {
+			if err := zs.start(ctx); err != nil {
+				return err
+			}
+		}
+		notifyReady(root)
+		return nil
 	}
 	srv, err = server.New(cfg)
 	if err != nil {
