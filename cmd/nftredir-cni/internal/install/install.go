@@ -178,23 +178,73 @@ func (in *Installer) syncBinaries() error {
 	if err != nil {
 		return err
 	}
-	src, err := os.ReadFile(in.cfg.Source)
-	if err != nil {
-		return fmt.Errorf("read the plugin binary: %w", err)
-	}
 	for _, d := range dirs {
 		dst := filepath.Join(d, PluginType)
-		if cur, err := os.ReadFile(dst); err == nil && bytes.Equal(cur, src) {
-			if fi, err := os.Stat(dst); err == nil && fi.Mode().Perm() == 0o755 {
-				continue
-			}
+		same, err := sameFile(in.cfg.Source, dst)
+		if err != nil {
+			return err
 		}
-		if err := writeAtomic(dst, src, 0o755); err != nil {
+		if same {
+			continue
+		}
+		src, err := os.Open(in.cfg.Source)
+		if err != nil {
+			return fmt.Errorf("read the plugin binary: %w", err)
+		}
+		err = writeAtomic(dst, src, 0o755)
+		src.Close()
+		if err != nil {
 			return fmt.Errorf("install the plugin into %s: %w", d, err)
 		}
 		in.log.Info("plugin binary installed", "path", dst)
 	}
 	return nil
+}
+
+// sameFile reports whether dst is an executable copy of src, comparing
+// in chunks: the binary is tens of MiB and the installer's memory small.
+func sameFile(src, dst string) (bool, error) {
+	di, err := os.Stat(dst)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	si, err := os.Stat(src)
+	if err != nil {
+		return false, fmt.Errorf("read the plugin binary: %w", err)
+	}
+	if !di.Mode().IsRegular() || di.Mode().Perm() != 0o755 || di.Size() != si.Size() {
+		return false, nil
+	}
+	a, err := os.Open(src)
+	if err != nil {
+		return false, fmt.Errorf("read the plugin binary: %w", err)
+	}
+	defer a.Close()
+	b, err := os.Open(dst)
+	if err != nil {
+		return false, err
+	}
+	defer b.Close()
+	bufA, bufB := make([]byte, 64<<10), make([]byte, 64<<10)
+	for {
+		n, errA := io.ReadFull(a, bufA)
+		m, errB := io.ReadFull(b, bufB)
+		if n != m || !bytes.Equal(bufA[:n], bufB[:m]) {
+			return false, nil
+		}
+		if errA == io.EOF || errA == io.ErrUnexpectedEOF {
+			return errB == io.EOF || errB == io.ErrUnexpectedEOF, nil
+		}
+		if errA != nil {
+			return false, errA
+		}
+		if errB != nil {
+			return false, nil
+		}
+	}
 }
 
 func (in *Installer) syncConf() error {
@@ -233,7 +283,7 @@ func (in *Installer) syncConf() error {
 		// so it is first once the .conf is gone.
 		target = path + "list"
 	}
-	if err := writeAtomic(target, data, c.mode); err != nil {
+	if err := writeAtomic(target, bytes.NewReader(data), c.mode); err != nil {
 		return err
 	}
 	if target != path {
@@ -272,7 +322,7 @@ func (in *Installer) Uninstall() error {
 		}
 		data, err := render(top)
 		if err == nil {
-			err = writeAtomic(f, data, c.mode)
+			err = writeAtomic(f, bytes.NewReader(data), c.mode)
 		}
 		if err != nil {
 			errs = append(errs, err)
@@ -355,14 +405,14 @@ func Check(cfg Config) error {
 // a part: write a temporary file in the same directory, fsync, rename.
 // The temporary name has no configuration extension and is not the
 // plugin's name, so no runtime picks it up.
-func writeAtomic(path string, data []byte, mode fs.FileMode) error {
+func writeAtomic(path string, data io.Reader, mode fs.FileMode) error {
 	dir, name := filepath.Split(path)
 	f, err := os.CreateTemp(dir, durable.TempPrefix+name+"-*")
 	if err != nil {
 		return err
 	}
 	tmp := f.Name()
-	_, err = io.Copy(f, bytes.NewReader(data))
+	_, err = io.Copy(f, data)
 	if err == nil {
 		err = f.Chmod(mode)
 	}

@@ -398,6 +398,14 @@ func TestBinDirs(t *testing.T) {
 	if inode(t, filepath.Join(n.bin1, PluginType)) == ino {
 		t.Error("binary rewritten in place, not replaced")
 	}
+	// Same size, other bytes.
+	os.WriteFile(n.src, []byte("plugin v3"), 0o700)
+	if err := in.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(n.bin1, PluginType)); string(b) != "plugin v3" {
+		t.Errorf("binary of the same size not updated: %q", b)
+	}
 }
 
 func TestUninstall(t *testing.T) {
