@@ -197,11 +197,13 @@ func TestSocketDirChecks(t *testing.T) {
 func TestDefaultStartLeavesNodeNamespaceAlone(t *testing.T) {
 	nstest.RequirePrivileged(t)
 	for _, tc := range []struct {
-		extra     []string
-		wantTable bool
+		extra          []string
+		wantTable      bool
+		wantTableAfter bool
 	}{
-		{nil, false},
-		{[]string{"--kubelet-uid", "0"}, true},
+		{nil, false, false},
+		{[]string{"--kubelet-uid", "0"}, true, true},
+		{[]string{"--kubelet-uid", "0", "--cleanup-on-exit"}, true, false},
 	} {
 		dir := t.TempDir()
 		socket := filepath.Join(dir, "run", "nftredir.sock")
@@ -213,9 +215,20 @@ func TestDefaultStartLeavesNodeNamespaceAlone(t *testing.T) {
 		if got := strings.Contains(tables, "nftredir"); got != tc.wantTable {
 			t.Errorf("%v: node namespace tables %q; want an nftredir table: %v", tc.extra, tables, tc.wantTable)
 		}
+		// The namespace outlives the daemon while a process holds it.
+		holder := exec.Command("nsenter", "--net=/proc/"+strconv.Itoa(d.cmd.Process.Pid)+"/ns/net", "sleep", "60")
+		if err := holder.Start(); err != nil {
+			t.Fatal(err)
+		}
 		d.cmd.Process.Signal(syscall.SIGTERM)
 		if code := d.wait(t); code != 0 {
 			t.Errorf("exit %d, log:\n%s", code, d.stderr)
+		}
+		tables = nodeTables(t, holder.Process.Pid)
+		holder.Process.Kill()
+		holder.Wait()
+		if got := strings.Contains(tables, "nftredir"); got != tc.wantTableAfter {
+			t.Errorf("%v: after the stop, node namespace tables %q; want an nftredir table: %v", tc.extra, tables, tc.wantTableAfter)
 		}
 	}
 }

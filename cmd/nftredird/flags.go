@@ -48,6 +48,7 @@ type options struct {
 	zdsSocket     string
 	zdsRequireAck bool
 	probeSNAT     bool
+	cleanupOnExit bool
 	nodeNetns     string
 	kubeletUID    uint32Value
 
@@ -126,6 +127,7 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.StringVar(&o.zdsSocket, "zds-socket", "/var/run/ztunnel/ztunnel.sock", "`path` of the ZDS socket (SOCK_SEQPACKET) ztunnel connects to for pods' namespaces; its directory is created 0750 root-owned, the socket is 0660; empty serves no ZDS")
 	fs.BoolVar(&o.zdsRequireAck, "zds-require-ack", false, "AddPod waits for the node proxy's ZDS ack and returns UNAVAILABLE without one (the pod stays enrolled; the caller retries); needs --zds-socket")
 	fs.BoolVar(&o.probeSNAT, "probe-snat", false, "keep the node probe table: the kubelet's TCP to enrolled pods leaves the node from the probe source address, which pods do not capture; on by default when --kubelet-uid is given")
+	fs.BoolVar(&o.cleanupOnExit, "cleanup-on-exit", false, "after a clean stop (SIGTERM/SIGINT), remove the node probe table as \"nftredird uninstall\" does; for taking nftredir off the node, not for restarts, which should keep kubelet probes working")
 	fs.StringVar(&o.nodeNetns, "node-netns", "", "network namespace `path` of the node, where the probe table lives; empty is the daemon's own; pods naming it are refused like the daemon's own namespace")
 	fs.Var(&o.kubeletUID, "kubelet-uid", "`uid` of the kubelet, whose TCP to enrolled pods is SNATed to the probe source; giving it turns --probe-snat on")
 	fs.StringVar(&o.captureMode, "capture-mode", "TPROXY", "default capture `mode` for pods that do not choose: TPROXY or REDIRECT")

@@ -112,7 +112,7 @@ func TestHelpDocumentsEnvTwins(t *testing.T) {
 	}
 	for _, want := range []string{"NFTREDIR_SOCKET", "NFTREDIR_ALLOW_GID", "--tproxy-mark", "default 0x111/0xfff", "wins over",
 		"NFTREDIR_ZDS_SOCKET", "default /var/run/ztunnel/ztunnel.sock", "NFTREDIR_ZDS_REQUIRE_ACK", "NFTREDIR_PROBE_SNAT",
-		"NFTREDIR_NODE_NETNS", "NFTREDIR_KUBELET_UID", "nftredird uninstall"} {
+		"NFTREDIR_NODE_NETNS", "NFTREDIR_KUBELET_UID", "nftredird uninstall", "NFTREDIR_CLEANUP_ON_EXIT"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("--help lacks %q", want)
 		}

@@ -72,6 +72,13 @@ func run(args []string, lookupEnv func(string) (string, bool), stderr io.Writer)
 		return 1
 	}
 	root.Info("stopped")
+	if opts.cleanupOnExit {
+		// After serve, whose deferred Close has sent what was queued.
+		if err := uninstall(opts, root); err != nil {
+			root.Error("cleanup on exit failed", "error", err)
+			return 1
+		}
+	}
 	return 0
 }
 
