@@ -425,3 +425,37 @@ func TestInstallContainerEnvironment(t *testing.T) {
 		t.Error("a bin dir the node lacks was created")
 	}
 }
+
+// TestKustomizeBuilds renders the kustomization as kubectl apply -k
+// would, when kubectl is installed. A missing rbac.yaml gets a stand-in
+// ServiceAccount, so the rest is still rendered.
+func TestKustomizeBuilds(t *testing.T) {
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Skip("kubectl not installed")
+	}
+	dir := t.TempDir()
+	ents, err := os.ReadDir(kubeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		raw, err := os.ReadFile(filepath.Join(kubeDir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, e.Name()), raw, 0o644)
+	}
+	if _, err := os.Stat(filepath.Join(dir, rbacFile)); errors.Is(err, os.ErrNotExist) {
+		os.WriteFile(filepath.Join(dir, rbacFile), []byte("apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: nftredir\n  namespace: nftredir-system\n"), 0o644)
+	}
+	out, err := exec.Command(kubectl, "kustomize", dir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl kustomize: %v\n%s", err, out)
+	}
+	for _, want := range []string{"kind: DaemonSet", "kind: ConfigMap", "kind: Namespace", "image: nftredir:dev"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("rendered kustomization lacks %q", want)
+		}
+	}
+}
