@@ -47,6 +47,10 @@ func (in *Installer) Run(ctx context.Context, resync time.Duration) error {
 
 	timer := time.NewTimer(0) // the first sync, at once
 	defer timer.Stop()
+	// A failure is retried every second (a node whose primary CNI has
+	// not written its file yet); it is logged when it changes, not each
+	// time.
+	lastErr := ""
 	for {
 		select {
 		case <-ctx.Done():
@@ -67,8 +71,18 @@ func (in *Installer) Run(ctx context.Context, resync time.Duration) error {
 			timer.Reset(settle)
 		case <-timer.C:
 			next := resync
-			if err := in.Sync(); err != nil {
-				in.log.Error("plugin not installed", "error", err)
+			err := in.Sync()
+			switch {
+			case err != nil && err.Error() != lastErr:
+				in.log.Error("plugin not installed; retrying", "error", err)
+				lastErr = err.Error()
+			case err != nil:
+				in.log.Debug("plugin still not installed", "error", err)
+			case lastErr != "":
+				in.log.Info("plugin installed")
+				lastErr = ""
+			}
+			if err != nil {
 				next = min(resync, retryAfterError)
 			}
 			timer.Reset(next)
