@@ -49,12 +49,17 @@ nftredir-cni install --check [flags]: exit 0 if installed; changes nothing.
 nftredir-cni uninstall [flags]: remove the entry from every network of
 --cni-conf-dir, then the binary from every --cni-bin-dir.
 
-Every flag has an environment twin: NFTREDIR_CNI_ plus the flag name
-without "cni-", upper case, '-' as '_' (--cni-bin-dir is
-NFTREDIR_CNI_BIN_DIR). A flag on the command line wins over its twin.
+Every flag but --once and --check has an environment twin: NFTREDIR_CNI_
+plus the flag name without "cni-", upper case, '-' as '_' (--cni-bin-dir
+is NFTREDIR_CNI_BIN_DIR). A flag on the command line wins over its twin.
 
 Flags:
 `
+
+// modeFlags choose what the command does rather than how; they have no
+// environment twin, so a variable shared by a DaemonSet's containers can
+// never turn the watching installer into a one-shot or a check.
+var modeFlags = map[string]bool{"once": true, "check": true}
 
 type options struct {
 	binDirs       listValue
@@ -174,6 +179,10 @@ func parse(command string, args []string, lookupEnv func(string) (string, bool),
 				if name != "" {
 					name = " " + name
 				}
+				if modeFlags[f.Name] {
+					fmt.Fprintf(out, "  --%s%s\n    \t%s\n", f.Name, name, u)
+					return
+				}
 				fmt.Fprintf(out, "  --%s%s\n    \t%s\n    \t(env %s; default %q)\n", f.Name, name, u, envName(f.Name), f.DefValue)
 			})
 		}
@@ -186,7 +195,7 @@ func parse(command string, args []string, lookupEnv func(string) (string, bool),
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
-		if given[f.Name] {
+		if given[f.Name] || modeFlags[f.Name] {
 			return
 		}
 		if v, ok := lookupEnv(envName(f.Name)); ok {

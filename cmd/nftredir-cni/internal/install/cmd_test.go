@@ -57,6 +57,9 @@ func TestParseFlagsAndEnv(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if o, _, err := parse(CmdInstall, nil, envMap(map[string]string{"NFTREDIR_CNI_ONCE": "true", "NFTREDIR_CNI_CHECK": "true"}), io.Discard); err != nil || o.once || o.check {
+		t.Errorf("--once and --check taken from the environment: %+v, %v", o, err)
+	}
 	if !slices.Equal(cfg.BinDirs, []string{"/a", "/b", "/c"}) || cfg.ConfDir != "/etc/x" {
 		t.Errorf("dirs %v %s", cfg.BinDirs, cfg.ConfDir)
 	}
