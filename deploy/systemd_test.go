@@ -54,30 +54,34 @@ func unitValues(t *testing.T, key string) []string {
 	return vals
 }
 
-// TestSystemdUnitVerifies runs systemd-analyze verify on the unit, with
-// ExecStart pointed at a freshly built daemon. verify exits 0 on most
+// TestSystemdUnitsVerify runs systemd-analyze verify on each unit, with
+// ExecStart pointed at a freshly built binary. verify exits 0 on most
 // mistakes it reports ("Failed to parse ..., ignoring"), so any output is
 // a failure.
-func TestSystemdUnitVerifies(t *testing.T) {
+func TestSystemdUnitsVerify(t *testing.T) {
 	if _, err := exec.LookPath("systemd-analyze"); err != nil {
 		t.Skip("systemd-analyze not installed (Debian package systemd; hack/deps.sh installs it)")
 	}
-	bin := buildDaemon(t)
-	raw, err := os.ReadFile(unitPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := unitValues(t, "ExecStart"); len(got) != 1 || got[0] != "/usr/local/bin/nftredird" {
-		t.Fatalf("ExecStart %q", got)
-	}
-	unit := strings.Replace(string(raw), "ExecStart=/usr/local/bin/nftredird", "ExecStart="+bin, 1)
-	p := filepath.Join(t.TempDir(), "nftredird.service")
-	if err := os.WriteFile(p, []byte(unit), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command("systemd-analyze", "verify", p).CombinedOutput()
-	if err != nil || len(strings.TrimSpace(string(out))) > 0 {
-		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
+	for _, u := range []struct{ unit, exec, bin string }{
+		{unitPath, "/usr/local/bin/nftredird", buildDaemon(t)},
+		{"systemd/nftredir-cni-install.service", "/usr/local/bin/nftredir-cni install", buildCNI(t) + " install"},
+	} {
+		raw, err := os.ReadFile(u.unit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(raw), "\nExecStart="+u.exec+"\n") {
+			t.Fatalf("%s: no ExecStart=%s", u.unit, u.exec)
+		}
+		unit := strings.Replace(string(raw), "ExecStart="+u.exec, "ExecStart="+u.bin, 1)
+		p := filepath.Join(t.TempDir(), filepath.Base(u.unit))
+		if err := os.WriteFile(p, []byte(unit), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command("systemd-analyze", "verify", p).CombinedOutput()
+		if err != nil || len(strings.TrimSpace(string(out))) > 0 {
+			t.Errorf("systemd-analyze verify %s: %v\n%s", u.unit, err, out)
+		}
 	}
 	for key, want := range map[string]string{"Type": "notify", "RuntimeDirectoryPreserve": "yes", "NoNewPrivileges": "yes", "ProtectSystem": "strict"} {
 		if got := unitValues(t, key); len(got) != 1 || got[0] != want {
@@ -197,5 +201,47 @@ func waitNetnsDiffers(t *testing.T, path string) {
 			t.Fatalf("%s never left the test's namespace", path)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestInstallStepNeedsNoCapability runs the install step as the
+// DaemonSet's install-cni container and nftredir-cni-install.service do:
+// root with no capability and no_new_privs. Root still owns the CNI
+// directories, so it can write them.
+func TestInstallStepNeedsNoCapability(t *testing.T) {
+	nstest.RequirePrivileged(t)
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("setpriv (util-linux) not installed")
+	}
+	bin := buildCNI(t)
+	root := t.TempDir()
+	confDir, binDir := filepath.Join(root, "net.d"), filepath.Join(root, "bin")
+	for _, d := range []string{confDir, binDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conf := filepath.Join(confDir, "87-podman-bridge.conflist")
+	// 0600, as some primary CNIs write their file.
+	if err := os.WriteFile(conf, []byte(`{"cniVersion":"0.4.0","name":"podman","plugins":[{"type":"bridge","bridge":"cni-podman0","ipam":{"type":"host-local","subnet":"10.88.0.0/16"}},{"type":"portmap","capabilities":{"portMappings":true}}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, sub := range []string{"install", "uninstall"} {
+		args := []string{"--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", "--", bin, sub, "--cni-bin-dir", binDir, "--cni-conf-dir", confDir}
+		if sub == "install" {
+			args = append(args, "--once")
+		}
+		out, err := exec.Command("setpriv", args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s without capabilities: %v\n%s", sub, err, out)
+		}
+		raw, _ := os.ReadFile(conf)
+		_, binErr := os.Stat(filepath.Join(binDir, "nftredir-cni"))
+		if chained := strings.Contains(string(raw), `"nftredir-cni"`); chained != (sub == "install") || (binErr == nil) != (sub == "install") {
+			t.Errorf("after %s: chained %v, binary %v\n%s", sub, chained, binErr, raw)
+		}
+		if fi, _ := os.Stat(conf); fi.Mode().Perm() != 0o600 {
+			t.Errorf("after %s: mode %#o, want the file's own 0600", sub, fi.Mode().Perm())
+		}
 	}
 }
