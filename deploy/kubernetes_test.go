@@ -299,16 +299,6 @@ func helpEnv(t *testing.T, bin string, args ...string) []string {
 	return names
 }
 
-func buildCNI(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "nftredir-cni")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/nftredir/nftredir/cmd/nftredir-cni").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build nftredir-cni: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // TestConfigMapNamesRealFlags: every variable the DaemonSet sets is the
 // twin of a flag of the program it reaches, so no setting is silently
 // ignored.

@@ -3,11 +3,13 @@ package deploy
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,16 +21,48 @@ import (
 
 const unitPath = "systemd/nftredird.service"
 
-// buildDaemon builds nftredird once per test binary.
-func buildDaemon(t *testing.T) string {
+// buildDir holds the binaries the tests build, once per run; TestMain
+// removes it.
+var (
+	buildDir  string
+	buildMu   sync.Mutex
+	buildErrs = map[string]error{}
+)
+
+func TestMain(m *testing.M) {
+	var err error
+	if buildDir, err = os.MkdirTemp("", "nftredir-deploy-test-"); err != nil {
+		panic(err)
+	}
+	code := m.Run()
+	os.RemoveAll(buildDir)
+	os.Exit(code)
+}
+
+// build builds the command cmd/<name> once per test run.
+func build(t *testing.T, name string) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "nftredird")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/nftredir/nftredir/cmd/nftredird").CombinedOutput()
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	bin := filepath.Join(buildDir, name)
+	err, done := buildErrs[name]
+	if !done {
+		var out []byte
+		out, err = exec.Command("go", "build", "-o", bin, "github.com/nftredir/nftredir/cmd/"+name).CombinedOutput()
+		if err != nil {
+			err = fmt.Errorf("go build %s: %v\n%s", name, err, out)
+		}
+		buildErrs[name] = err
+	}
 	if err != nil {
-		t.Fatalf("go build nftredird: %v\n%s", err, out)
+		t.Fatal(err)
 	}
 	return bin
 }
+
+func buildDaemon(t *testing.T) string { return build(t, "nftredird") }
+
+func buildCNI(t *testing.T) string { return build(t, "nftredir-cni") }
 
 // unitValues returns every value of key in the unit's [Service] section.
 func unitValues(t *testing.T, key string) []string {
