@@ -38,15 +38,16 @@ import (
 
 // Each network on the bridge has its own 40 addresses, starting here.
 const (
-	cniPodIP0    = 10
-	cniPlainIP0  = 50
-	cniDropInIP0 = 90
-	cniInsertIP0 = 130
-	cniAppPort   = 8080
-	cniNodePort  = 9090
-	cniApp       = "app"
-	cniNodeSrv   = "node-server"
-	cniTableName = "nftredir"
+	cniPodIP0     = 10
+	cniPlainIP0   = 50
+	cniDropInIP0  = 90
+	cniInsertIP0  = 130
+	cniInstallIP0 = 170
+	cniAppPort    = 8080
+	cniNodePort   = 9090
+	cniApp        = "app"
+	cniNodeSrv    = "node-server"
+	cniTableName  = "nftredir"
 )
 
 // cniWorld is one node: binaries, a node namespace, a daemon, and
@@ -83,6 +84,7 @@ func TestCNI(t *testing.T) {
 	t.Run("Version", w.testVersion)
 	t.Run("DropIn", w.testDropIn)
 	t.Run("InsertIntoConflist", w.testInsert)
+	t.Run("InstallStep", w.testInstallStep)
 }
 
 func newCNIWorld(t *testing.T) *cniWorld {
@@ -720,4 +722,99 @@ func (w *cniWorld) addCheckDel(t *testing.T, network string) {
 	if getPod(t, w.client, p.uid) != nil || hasTable(t, p) {
 		t.Error("pod still enrolled after cnitool del")
 	}
+}
+
+// testInstallStep runs "nftredir-cni install" as docs/cni.md does, into a
+// configuration and a bin directory of its own, then runs a pod through
+// the network it chained, using the binary it copied; uninstall then
+// takes both away and a pod is no longer enrolled.
+func (w *cniWorld) testInstallStep(t *testing.T) {
+	w.ensureDaemon(t)
+	confDir := filepath.Join(w.dir, "net.d-install")
+	binDir := filepath.Join(w.dir, "cni-bin-install")
+	for _, d := range []string{confDir, binDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range []string{"bridge", "host-local", "loopback"} {
+		target, err := os.Readlink(filepath.Join(w.cniPath, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(target, filepath.Join(binDir, p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// cnitool uses this world's directories for the rest of the subtest.
+	savedPath, savedConf := w.cniPath, w.netconf
+	w.cniPath, w.netconf = binDir, confDir
+	defer func() { w.cniPath, w.netconf = savedPath, savedConf }()
+	network := w.net + "-install"
+	conflist := w.writeConflist(t, network, cniInstallIP0)
+	entry, err := json.Marshal(map[string]any{"dataDir": w.dataDir, "logLevel": "debug"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entryFile := filepath.Join(w.dir, "install-entry.json")
+	if err := os.WriteFile(entryFile, entry, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--cni-bin-dir", binDir, "--cni-conf-dir", confDir, "--plugin-config", entryFile,
+		"--socket", w.socket, "--timeout", "5s", "--log-file", w.pluginLog}
+	run := func(sub string, extra ...string) (int, string) {
+		out, err := exec.Command(w.plugin, append(append([]string{sub}, args...), extra...)...).CombinedOutput()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode(), string(out)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return 0, string(out)
+	}
+	if code, out := run("install", "--once"); code != 0 {
+		t.Fatalf("install --once: exit %d\n%s", code, out)
+	}
+	first, _ := os.ReadFile(conflist)
+	if code, out := run("install", "--once"); code != 0 {
+		t.Fatalf("install --once again: exit %d\n%s", code, out)
+	}
+	if again, _ := os.ReadFile(conflist); string(again) != string(first) {
+		t.Errorf("a second install changed the network:\n%s\n%s", first, again)
+	}
+	if code, out := run("install", "--check"); code != 0 {
+		t.Errorf("install --check: exit %d\n%s", code, out)
+	}
+	if fi, err := os.Lstat(filepath.Join(binDir, "nftredir-cni")); err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("the plugin was not copied into the bin dir: %v", err)
+	}
+	var l struct {
+		CNIVersion string           `json:"cniVersion"`
+		Plugins    []map[string]any `json:"plugins"`
+	}
+	if err := json.Unmarshal(first, &l); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(l.Plugins); n != 2 || l.Plugins[1]["type"] != "nftredir-cni" || l.Plugins[1]["cniVersion"] != nil {
+		t.Fatalf("network after install:\n%s", first)
+	}
+	w.addCheckDel(t, network)
+
+	if code, out := run("uninstall"); code != 0 {
+		t.Fatalf("uninstall: exit %d\n%s", code, out)
+	}
+	if b, _ := os.ReadFile(conflist); strings.Contains(string(b), "nftredir-cni") {
+		t.Errorf("the plugin is still chained after uninstall:\n%s", b)
+	}
+	if _, err := os.Lstat(filepath.Join(binDir, "nftredir-cni")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the plugin binary is still there after uninstall: %v", err)
+	}
+	p := w.newPod(t)
+	t.Cleanup(func() { w.runCnitool("del", network, p) })
+	w.mustCnitool(t, "add", network, p)
+	if getPod(t, w.client, p.uid) != nil || hasTable(t, p) {
+		t.Error("a pod was enrolled through the network after uninstall")
+	}
+	w.mustCnitool(t, "del", network, p)
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the tests, the demo and the benchmark need when it is
 # missing: Debian packages (nft, ip, iptables are used by tests to set up
-# and observe; the product never runs them) and pinned Go tools in ./bin.
+# and observe; the product never runs them; systemd-analyze checks the
+# unit) and pinned Go tools in ./bin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,8 @@ command -v nft >/dev/null || need_pkgs+=(nftables)
 command -v ip >/dev/null || need_pkgs+=(iproute2)
 command -v iptables-restore >/dev/null || need_pkgs+=(iptables)
 command -v jq >/dev/null || need_pkgs+=(jq)
+# systemd-analyze verifies deploy/systemd/nftredird.service in the tests.
+command -v systemd-analyze >/dev/null || need_pkgs+=(systemd)
 if ((${#need_pkgs[@]})); then
 	if [[ $(id -u) -ne 0 ]]; then
 		echo "deps: need ${need_pkgs[*]}; run as root or install them" >&2

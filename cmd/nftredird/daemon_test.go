@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,7 +17,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/nftredir/nftredir/client"
 	"github.com/nftredir/nftredir/internal/nstest"
+	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
 // The daemon tests re-execute the test binary as nftredird, so the real
@@ -40,6 +43,13 @@ type daemon struct {
 
 func startDaemon(t testing.TB, args ...string) *daemon {
 	t.Helper()
+	return startDaemonWith(t, nil, args...)
+}
+
+// startDaemonWith starts the daemon after edit has changed its command,
+// e.g. to put it in a namespace of its own.
+func startDaemonWith(t testing.TB, edit func(*exec.Cmd), args ...string) *daemon {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -47,6 +57,9 @@ func startDaemon(t testing.TB, args ...string) *daemon {
 	d := &daemon{cmd: exec.Command(exe, args...), stderr: &bytes.Buffer{}, done: make(chan error, 1)}
 	d.cmd.Env = append(os.Environ(), asDaemonEnv+"=1")
 	d.cmd.Stderr = d.stderr
+	if edit != nil {
+		edit(d.cmd)
+	}
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -173,5 +186,122 @@ func TestSocketDirChecks(t *testing.T) {
 	os.Symlink(own, link)
 	if _, err := listenSocket(filepath.Join(link, "x.sock"), 0); err == nil || !strings.Contains(err.Error(), "not a directory") {
 		t.Errorf("symlinked dir: %v", err)
+	}
+}
+
+// TestDefaultStartLeavesNodeNamespaceAlone: started with the defaults, as
+// on a podman host, the daemon adds no table to the namespace it runs in
+// (the node's); given a kubelet uid, as in Kubernetes, it does. Each
+// daemon runs in a fresh network namespace of its own, which stands for
+// the node.
+func TestDefaultStartLeavesNodeNamespaceAlone(t *testing.T) {
+	nstest.RequirePrivileged(t)
+	for _, tc := range []struct {
+		extra          []string
+		wantTable      bool
+		wantTableAfter bool
+	}{
+		{nil, false, false},
+		{[]string{"--kubelet-uid", "0"}, true, true},
+		{[]string{"--kubelet-uid", "0", "--cleanup-on-exit"}, true, false},
+	} {
+		dir := t.TempDir()
+		socket := filepath.Join(dir, "run", "nftredir.sock")
+		// Only the paths are not the defaults: they would be the machine's.
+		args := append([]string{"--socket", socket, "--state-dir", filepath.Join(dir, "pods"), "--zds-socket="}, tc.extra...)
+		d := startDaemonWith(t, func(c *exec.Cmd) { c.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET} }, args...)
+		waitServing(t, socket)
+		tables := nodeTables(t, d.cmd.Process.Pid)
+		if got := strings.Contains(tables, "nftredir"); got != tc.wantTable {
+			t.Errorf("%v: node namespace tables %q; want an nftredir table: %v", tc.extra, tables, tc.wantTable)
+		}
+		// The namespace outlives the daemon while a process holds it.
+		holder := exec.Command("nsenter", "--net=/proc/"+strconv.Itoa(d.cmd.Process.Pid)+"/ns/net", "sleep", "60")
+		if err := holder.Start(); err != nil {
+			t.Fatal(err)
+		}
+		d.cmd.Process.Signal(syscall.SIGTERM)
+		if code := d.wait(t); code != 0 {
+			t.Errorf("exit %d, log:\n%s", code, d.stderr)
+		}
+		tables = nodeTables(t, holder.Process.Pid)
+		holder.Process.Kill()
+		holder.Wait()
+		if got := strings.Contains(tables, "nftredir"); got != tc.wantTableAfter {
+			t.Errorf("%v: after the stop, node namespace tables %q; want an nftredir table: %v", tc.extra, tables, tc.wantTableAfter)
+		}
+	}
+}
+
+// nodeTables lists the nftables tables of pid's network namespace.
+func nodeTables(t *testing.T, pid int) string {
+	t.Helper()
+	out, err := exec.Command("nsenter", "--net=/proc/"+strconv.Itoa(pid)+"/ns/net", "nft", "list", "tables").CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft list tables: %v: %s", err, out)
+	}
+	return string(out)
+}
+
+// TestNotifyReadyAfterReconcile runs the daemon as systemd would for
+// Type=notify: READY=1 must arrive on NOTIFY_SOCKET, and only once the
+// startup reconcile has repaired the recorded pods.
+func TestNotifyReadyAfterReconcile(t *testing.T) {
+	nstest.RequirePrivileged(t)
+	pod := nstest.NewNetns(t)
+	dir := t.TempDir()
+	socket := filepath.Join(dir, "run", "nftredir.sock")
+	args := []string{"--socket", socket, "--state-dir", filepath.Join(dir, "pods"), "--zds-socket=", "--log-format", "text"}
+
+	d := startDaemon(t, args...)
+	waitServing(t, socket)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.AddPod(ctx, &nftredirv1.AddPodRequest{PodUid: "notify-pod", NetnsPath: pod.Path}); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	if code := d.wait(t); code != 0 {
+		t.Fatalf("exit %d, log:\n%s", code, d.stderr)
+	}
+	// Drift while the daemon is down: only the startup reconcile puts
+	// the table back.
+	pod.Nft(t, "delete", "table", "inet", "nftredir")
+
+	notify := filepath.Join(dir, "notify.sock")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: notify, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	d = startDaemonWith(t, func(c *exec.Cmd) { c.Env = append(c.Env, "NOTIFY_SOCKET="+notify) }, append(args, "--log-level", "debug")...)
+	conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	buf := make([]byte, 4096)
+	n, err := conn.Read(buf)
+	if err != nil {
+		t.Fatalf("no notification: %v; log:\n%s", err, d.stderr)
+	}
+	if msg := string(buf[:n]); msg != "READY=1" {
+		t.Fatalf("notification %q, want READY=1", msg)
+	}
+	if out, err := pod.Exec("nft", "list", "table", "inet", "nftredir"); err != nil {
+		t.Errorf("READY=1 sent before the startup reconcile repaired the pod: %v %s", err, out)
+	}
+	waitServing(t, socket)
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	if code := d.wait(t); code != 0 {
+		t.Errorf("exit %d, log:\n%s", code, d.stderr)
+	}
+	// The table check above can race a fast reconcile; the daemon's own
+	// log cannot: one process, one stream, in order.
+	log := d.stderr.String()
+	reconciled, notified := strings.Index(log, "reconcile done"), strings.Index(log, "notified systemd: READY=1")
+	if reconciled < 0 || notified < 0 || notified < reconciled {
+		t.Errorf("want the startup reconcile logged before READY=1; log:\n%s", log)
 	}
 }

@@ -59,6 +59,7 @@ type options struct {
 	zdsSocket     string
 	zdsRequireAck bool
 	probeSNAT     bool
+	cleanupOnExit bool
 	nodeNetns     string
 	kubeletUID    uint32Value
 
@@ -97,9 +98,11 @@ Usage:
                                 working while the daemon restarts
 
 It serves ZDS (the protocol of Istio's node agent) on --zds-socket, so
-stock ztunnel gets every enrolled pod's namespace from it, and keeps a
+stock ztunnel gets every enrolled pod's namespace from it. On a
+Kubernetes node, --kubelet-uid (or --probe-snat=true) makes it keep a
 table in the node's namespace (--node-netns) that SNATs the kubelet's TCP
 to enrolled pods to the probe source address, so probes are not captured.
+Without either it adds nothing to the node's namespace.
 
 Before serving it checks the kernel (in a scratch namespace of its own)
 for every feature its rules use, and stops, naming the missing module, if
@@ -117,7 +120,6 @@ Flags:
 
 func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Writer) (*options, error) {
 	o := &options{
-		probeSNAT:    true,
 		outboundPort: 15001, inboundPort: 15006, hbonePort: 15008, dnsPort: 15053,
 		proxyMark:  markValue{Value: 0x539, Mask: 0xfff},
 		tproxyMark: markValue{Value: 0x111, Mask: 0xfff},
@@ -143,9 +145,10 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.Var(&o.readyFiles, "ready-file", "`paths` that must exist for /readyz to report ready, e.g. a file the CNI install step writes once the plugin is in place (comma list)")
 	fs.StringVar(&o.zdsSocket, "zds-socket", "/var/run/ztunnel/ztunnel.sock", "`path` of the ZDS socket (SOCK_SEQPACKET) ztunnel connects to for pods' namespaces; its directory is created 0750 root-owned, the socket is 0660; empty serves no ZDS")
 	fs.BoolVar(&o.zdsRequireAck, "zds-require-ack", false, "AddPod waits for the node proxy's ZDS ack and returns UNAVAILABLE without one (the pod stays enrolled; the caller retries); needs --zds-socket")
-	fs.BoolVar(&o.probeSNAT, "probe-snat", true, "keep the node probe table: the kubelet's TCP to enrolled pods leaves the node from the probe source address, which pods do not capture")
+	fs.BoolVar(&o.probeSNAT, "probe-snat", false, "keep the node probe table: the kubelet's TCP to enrolled pods leaves the node from the probe source address, which pods do not capture; on by default when --kubelet-uid is given")
+	fs.BoolVar(&o.cleanupOnExit, "cleanup-on-exit", false, "after a clean stop (SIGTERM/SIGINT), remove the node probe table as \"nftredird uninstall\" does; for taking nftredir off the node, not for restarts, which should keep kubelet probes working")
 	fs.StringVar(&o.nodeNetns, "node-netns", "", "network namespace `path` of the node, where the probe table lives; empty is the daemon's own; pods naming it are refused like the daemon's own namespace")
-	fs.Var(&o.kubeletUID, "kubelet-uid", "`uid` of the kubelet, whose TCP to enrolled pods is SNATed to the probe source")
+	fs.Var(&o.kubeletUID, "kubelet-uid", "`uid` of the kubelet, whose TCP to enrolled pods is SNATed to the probe source; giving it turns --probe-snat on")
 	fs.StringVar(&o.captureMode, "capture-mode", "TPROXY", "default capture `mode` for pods that do not choose: TPROXY or REDIRECT")
 	fs.Var(&o.outboundPort, "outbound-port", "proxy `port` that captures the pod's outgoing TCP")
 	fs.Var(&o.inboundPort, "inbound-port", "proxy `port` that receives incoming plaintext TCP")
@@ -181,23 +184,31 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q; nftredird takes flags and the one command %q", fs.Args(), cmdUninstall)
 	}
-	onCommandLine := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { onCommandLine[f.Name] = true })
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var envErrs []error
 	fs.VisitAll(func(f *flag.Flag) {
-		if onCommandLine[f.Name] {
+		if given[f.Name] {
 			return
 		}
 		v, ok := lookupEnv(envName(f.Name))
 		if !ok {
 			return
 		}
+		given[f.Name] = true
 		if err := fs.Set(f.Name, v); err != nil {
 			envErrs = append(envErrs, fmt.Errorf("%s=%q: %w", envName(f.Name), v, err))
 		}
 	})
 	if err := errors.Join(envErrs...); err != nil {
 		return nil, err
+	}
+	// The probe table SNATs root's TCP to pods when the kubelet uid is
+	// 0: on a node without a kubelet that would let any root process past
+	// capture, and the table outlives the daemon. So it exists only when
+	// asked for, by a kubelet uid or --probe-snat itself.
+	if !given["probe-snat"] {
+		o.probeSNAT = given["kubelet-uid"]
 	}
 	if err := o.check(); err != nil {
 		return nil, err

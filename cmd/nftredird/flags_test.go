@@ -92,7 +92,8 @@ func TestInvalidFlags(t *testing.T) {
 		{[]string{"--node-netns", "netns/node"}, nil, "--node-netns"},
 		{[]string{"--kubelet-uid", "kubelet"}, nil, "numeric"},
 		{[]string{"--kubelet-uid", "4294967296"}, nil, "numeric"},
-		{[]string{"--probe-source-v4=", "--probe-source-v6="}, nil, "--probe-snat needs a probe source"},
+		{[]string{"--probe-snat", "--probe-source-v4=", "--probe-source-v6="}, nil, "--probe-snat needs a probe source"},
+		{[]string{"--kubelet-uid", "0", "--probe-source-v4=", "--probe-source-v6="}, nil, "--probe-snat needs a probe source"},
 		{nil, map[string]string{"NFTREDIR_HBONE_PORT": "x"}, "NFTREDIR_HBONE_PORT"},
 	}
 	for _, tt := range tests {
@@ -111,7 +112,7 @@ func TestHelpDocumentsEnvTwins(t *testing.T) {
 	}
 	for _, want := range []string{"NFTREDIR_SOCKET", "NFTREDIR_ALLOW_GID", "--tproxy-mark", "default 0x111/0xfff", "wins over",
 		"NFTREDIR_ZDS_SOCKET", "default /var/run/ztunnel/ztunnel.sock", "NFTREDIR_ZDS_REQUIRE_ACK", "NFTREDIR_PROBE_SNAT",
-		"NFTREDIR_NODE_NETNS", "NFTREDIR_KUBELET_UID", "nftredird uninstall"} {
+		"NFTREDIR_NODE_NETNS", "NFTREDIR_KUBELET_UID", "nftredird uninstall", "NFTREDIR_CLEANUP_ON_EXIT"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("--help lacks %q", want)
 		}
@@ -132,7 +133,7 @@ func TestProxyFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.command != "" || o.zdsSocket != "/var/run/ztunnel/ztunnel.sock" || o.zdsRequireAck || !o.probeSNAT || o.nodeNetns != "" || o.kubeletUID != 0 {
+	if o.command != "" || o.zdsSocket != "/var/run/ztunnel/ztunnel.sock" || o.zdsRequireAck || o.probeSNAT || o.nodeNetns != "" || o.kubeletUID != 0 {
 		t.Errorf("defaults: command %q zds %q require-ack %v probe-snat %v node-netns %q kubelet-uid %d",
 			o.command, o.zdsSocket, o.zdsRequireAck, o.probeSNAT, o.nodeNetns, o.kubeletUID)
 	}
@@ -170,6 +171,36 @@ func TestUninstallCommand(t *testing.T) {
 		}
 		if o.command != cmdUninstall || o.nodeNetns != "/run/netns/node" {
 			t.Errorf("%q: command %q node-netns %q", args, o.command, o.nodeNetns)
+		}
+	}
+}
+
+// TestProbeSNATOnlyWhenAsked: the node table is off by default, on with a
+// kubelet uid (flag or env), and an explicit --probe-snat wins both ways.
+func TestProbeSNATOnlyWhenAsked(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		env  map[string]string
+		want bool
+		uid  uint32
+	}{
+		{nil, nil, false, 0},
+		{[]string{"--kubelet-uid", "0"}, nil, true, 0},
+		{[]string{"--kubelet-uid=4242"}, nil, true, 4242},
+		{nil, map[string]string{"NFTREDIR_KUBELET_UID": "0"}, true, 0},
+		{[]string{"--probe-snat"}, nil, true, 0},
+		{nil, map[string]string{"NFTREDIR_PROBE_SNAT": "true"}, true, 0},
+		{[]string{"--kubelet-uid", "0", "--probe-snat=false"}, nil, false, 0},
+		{[]string{"--kubelet-uid", "0"}, map[string]string{"NFTREDIR_PROBE_SNAT": "false"}, false, 0},
+		{[]string{"uninstall"}, nil, false, 0},
+	} {
+		o, err := parseFlags(tt.args, env(tt.env), io.Discard)
+		if err != nil {
+			t.Errorf("%v %v: %v", tt.args, tt.env, err)
+			continue
+		}
+		if o.probeSNAT != tt.want || uint32(o.kubeletUID) != tt.uid {
+			t.Errorf("%v %v: probe-snat %v kubelet-uid %d, want %v %d", tt.args, tt.env, o.probeSNAT, o.kubeletUID, tt.want, tt.uid)
 		}
 	}
 }

@@ -78,6 +78,13 @@ func run(args []string, lookupEnv func(string) (string, bool), stderr io.Writer)
 		return 1
 	}
 	root.Info("stopped")
+	if opts.cleanupOnExit {
+		// After serve, whose deferred Close has sent what was queued.
+		if err := uninstall(opts, root); err != nil {
+			root.Error("cleanup on exit failed", "error", err)
+			return 1
+		}
+	}
 	return 0
 }
 
@@ -132,8 +139,8 @@ func newProbe(ctx context.Context, opts *options, root hclog.Logger) (*probe.Man
 // serve runs the daemon. Start order: the guard; the kernel self-test;
 // the node probe table; the server (loading records); the sockets; then,
 // inside Run, the startup reconcile (which fills the probe sets), ZDS
-// serving (so a proxy's first snapshot is the reconciled set), and health
-// SERVING.
+// serving (so a proxy's first snapshot is the reconciled set), systemd's
+// READY=1, and health SERVING.
 func serve(opts *options, root hclog.Logger) error {
 	protect := slices.Clone(opts.protectNetns)
 	if opts.nodeNetns != "" {
@@ -191,7 +198,16 @@ func serve(opts *options, root hclog.Logger) error {
 		if err != nil {
 			return err
 		}
-		cfg.ZDS, cfg.ZDSRequireAck, cfg.BeforeServing = zs.srv, opts.zdsRequireAck, zs.start
+		cfg.ZDS, cfg.ZDSRequireAck = zs.srv, opts.zdsRequireAck
+	}
+	cfg.BeforeServing = func(ctx context.Context) error {
+		if zs != nil {
+			if err := zs.start(ctx); err != nil {
+				return err
+			}
+		}
+		notifyReady(root)
+		return nil
 	}
 	srv, err = server.New(cfg)
 	if err != nil {

@@ -1,0 +1,433 @@
+// Package install puts nftredir-cni on a node: it copies the plugin binary
+// into the host's CNI binary directories and chains the plugin's entry into
+// the network configuration the runtime uses, keeps both there while the
+// primary CNI rewrites its file, and takes both away on uninstall.
+//
+// The entry is inserted into the primary conflist itself rather than left
+// as a drop-in (/etc/cni/net.d/<network>/*.conf), because runtimes built on
+// libcni < 1.3 (Debian bookworm's podman 4.3 and containerd 1.6 among them)
+// ignore drop-ins silently, and their pods would start uncaptured.
+package install
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/nftredir/nftredir/internal/durable"
+)
+
+// Config says where the plugin goes and what its entry is.
+type Config struct {
+	// BinDirs are the host's CNI binary directories; the plugin is copied
+	// into each that exists. /opt/cni/bin is upstream's default, Debian's
+	// plugins and containerd package use /usr/lib/cni.
+	BinDirs []string
+	// ConfDir is the runtime's configuration directory.
+	ConfDir string
+	// ConfName picks the network file in ConfDir; empty takes the first
+	// configuration file in lexical order, the one the runtimes use.
+	ConfName string
+	// Entry is the plugin's entry of the chain: a JSON object with "type"
+	// nftredir-cni and no "cniVersion" (a conflist's plugins take the
+	// list's version).
+	Entry json.RawMessage
+	// Source is the binary copied; empty is the running executable.
+	Source string
+	// Supported are the CNI versions the plugin speaks. A network of
+	// another version is refused, since every ADD there would fail.
+	Supported []string
+	// ReadyFile, when set, exists exactly while the plugin is installed,
+	// for probes of another process.
+	ReadyFile string
+	Logger    hclog.Logger
+}
+
+func (c *Config) check() error {
+	var errs []error
+	if len(c.BinDirs) == 0 {
+		errs = append(errs, errors.New("no CNI binary directory"))
+	}
+	for _, d := range append(append([]string(nil), c.BinDirs...), c.ConfDir) {
+		if !filepath.IsAbs(d) {
+			errs = append(errs, fmt.Errorf("%q is not an absolute path", d))
+		}
+	}
+	if c.ConfName != "" && (filepath.Base(c.ConfName) != c.ConfName || c.ConfName == "." || c.ConfName == "..") {
+		errs = append(errs, fmt.Errorf("--cni-conf-name %q must be a file name in the configuration directory", c.ConfName))
+	}
+	if c.ReadyFile != "" && !filepath.IsAbs(c.ReadyFile) {
+		errs = append(errs, fmt.Errorf("ready file %q is not an absolute path", c.ReadyFile))
+	}
+	var e map[string]json.RawMessage
+	if err := json.Unmarshal(c.Entry, &e); err != nil || e == nil {
+		errs = append(errs, fmt.Errorf("the plugin entry is not a JSON object: %v", err))
+	} else {
+		if pluginType(c.Entry) != PluginType {
+			errs = append(errs, fmt.Errorf("the plugin entry's type must be %q", PluginType))
+		}
+		if _, ok := e["cniVersion"]; ok {
+			errs = append(errs, errors.New("the plugin entry must not carry cniVersion: it takes the conflist's"))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Installer keeps the plugin installed. Its methods are safe to call from
+// several goroutines: one sync runs at a time.
+type Installer struct {
+	cfg Config
+	log hclog.Logger
+	mu  sync.Mutex // serialises syncs and uninstall
+	// ready is true after a sync that left everything in place.
+	ready atomic.Bool
+}
+
+// New checks cfg and returns an Installer that has changed nothing yet.
+func New(cfg Config) (*Installer, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	if cfg.Source == "" {
+		cfg.Source = "/proc/self/exe"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	// The entry is stored compact, so what is written is stable.
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, cfg.Entry); err != nil {
+		return nil, err
+	}
+	cfg.Entry = buf.Bytes()
+	return &Installer{cfg: cfg, log: cfg.Logger}, nil
+}
+
+// Ready reports whether the last sync found or left the binary in every
+// existing bin dir and the entry in the primary network.
+func (in *Installer) Ready() bool { return in.ready.Load() }
+
+// Sync installs what is missing and repairs what differs; it changes
+// nothing when all is in place, so the watcher's own writes end in a
+// no-op rather than a loop.
+func (in *Installer) Sync() error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	err := in.syncBinaries()
+	if err == nil {
+		err = in.syncConf()
+	}
+	in.setReady(err == nil)
+	return err
+}
+
+func (in *Installer) setReady(ok bool) {
+	was := in.ready.Swap(ok)
+	if in.cfg.ReadyFile != "" {
+		var err error
+		if ok {
+			if _, serr := os.Stat(in.cfg.ReadyFile); serr != nil {
+				err = durable.WriteFile(in.cfg.ReadyFile, []byte("ready\n"))
+			}
+		} else {
+			err = durable.Remove(in.cfg.ReadyFile)
+		}
+		if err != nil {
+			in.log.Warn("cannot update the ready file", "file", in.cfg.ReadyFile, "error", err)
+		}
+	}
+	if was != ok {
+		in.log.Info("readiness changed", "ready", ok)
+	}
+}
+
+// existingBinDirs are the configured bin dirs present on the host. A
+// directory no runtime uses need not exist, but one of them must.
+func existingBinDirs(dirs []string) ([]string, error) {
+	var out []string
+	for _, d := range dirs {
+		fi, err := os.Stat(d)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if !fi.IsDir() {
+			return nil, fmt.Errorf("%s is not a directory", d)
+		}
+		out = append(out, d)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("none of the CNI binary directories %v exists", dirs)
+	}
+	return out, nil
+}
+
+func (in *Installer) syncBinaries() error {
+	dirs, err := existingBinDirs(in.cfg.BinDirs)
+	if err != nil {
+		return err
+	}
+	for _, d := range dirs {
+		dst := filepath.Join(d, PluginType)
+		same, err := sameFile(in.cfg.Source, dst)
+		if err != nil {
+			return err
+		}
+		if same {
+			continue
+		}
+		src, err := os.Open(in.cfg.Source)
+		if err != nil {
+			return fmt.Errorf("read the plugin binary: %w", err)
+		}
+		err = writeAtomic(dst, src, 0o755)
+		src.Close()
+		if err != nil {
+			return fmt.Errorf("install the plugin into %s: %w", d, err)
+		}
+		in.log.Info("plugin binary installed", "path", dst)
+	}
+	return nil
+}
+
+// sameFile reports whether dst is an executable copy of src, comparing
+// in chunks: the binary is tens of MiB and the installer's memory small.
+func sameFile(src, dst string) (bool, error) {
+	di, err := os.Stat(dst)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	si, err := os.Stat(src)
+	if err != nil {
+		return false, fmt.Errorf("read the plugin binary: %w", err)
+	}
+	if !di.Mode().IsRegular() || di.Mode().Perm() != 0o755 || di.Size() != si.Size() {
+		return false, nil
+	}
+	a, err := os.Open(src)
+	if err != nil {
+		return false, fmt.Errorf("read the plugin binary: %w", err)
+	}
+	defer a.Close()
+	b, err := os.Open(dst)
+	if err != nil {
+		return false, err
+	}
+	defer b.Close()
+	bufA, bufB := make([]byte, 64<<10), make([]byte, 64<<10)
+	for {
+		n, errA := io.ReadFull(a, bufA)
+		m, errB := io.ReadFull(b, bufB)
+		if n != m || !bytes.Equal(bufA[:n], bufB[:m]) {
+			return false, nil
+		}
+		if errA == io.EOF || errA == io.ErrUnexpectedEOF {
+			return errB == io.EOF || errB == io.ErrUnexpectedEOF, nil
+		}
+		if errA != nil {
+			return false, errA
+		}
+		if errB != nil {
+			return false, nil
+		}
+	}
+}
+
+func (in *Installer) syncConf() error {
+	if err := os.MkdirAll(in.cfg.ConfDir, 0o755); err != nil {
+		return err
+	}
+	path, err := primaryFile(in.cfg.ConfDir, in.cfg.ConfName)
+	if err != nil {
+		return err
+	}
+	c, err := readConf(path)
+	if err != nil {
+		return err
+	}
+	v, err := c.version()
+	if err != nil {
+		return err
+	}
+	if err := checkVersion(path, v, in.cfg.Supported); err != nil {
+		return err
+	}
+	if !c.single && len(c.plugins) == 0 {
+		return fmt.Errorf("%s chains no plugin; %s needs one before it that gives the pod its network", path, PluginType)
+	}
+	top, changed := c.withEntry(in.cfg.Entry)
+	if !changed {
+		return nil
+	}
+	data, err := render(top)
+	if err != nil {
+		return err
+	}
+	target := path
+	if c.single && filepath.Ext(path) == ".conf" {
+		// Same name with "list" appended: it sorts right after the .conf,
+		// so it is first once the .conf is gone.
+		target = path + "list"
+	}
+	if err := writeAtomic(target, bytes.NewReader(data), c.mode); err != nil {
+		return err
+	}
+	if target != path {
+		if err := durable.Remove(path); err != nil {
+			return err
+		}
+		in.log.Info("single-plugin network converted to a plugin list", "from", path, "to", target)
+	}
+	in.log.Info("plugin chained into the network", "file", target, "cni_version", v)
+	return nil
+}
+
+// Uninstall removes the plugin's entry from every network in the
+// configuration directory, then the binary from every bin dir: a network
+// still naming a deleted binary would fail each ADD. Missing pieces are
+// fine, so it can be repeated.
+func (in *Installer) Uninstall() error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.setReady(false)
+	var errs []error
+	files, err := confFiles(in.cfg.ConfDir)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, f := range files {
+		c, err := readConf(f)
+		if err != nil {
+			// Not ours to repair; it cannot chain us in a form we know.
+			in.log.Warn("skipping an unreadable network file", "file", f, "error", err)
+			continue
+		}
+		top, changed := c.withoutEntry()
+		if !changed {
+			continue
+		}
+		data, err := render(top)
+		if err == nil {
+			err = writeAtomic(f, bytes.NewReader(data), c.mode)
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		in.log.Info("plugin removed from the network", "file", f)
+	}
+	// The binary goes only once no network names it.
+	if len(errs) == 0 {
+		for _, d := range in.cfg.BinDirs {
+			p := filepath.Join(d, PluginType)
+			if _, err := os.Lstat(p); errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			if err := durable.Remove(p); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			in.log.Info("plugin binary removed", "path", p)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Check reports, changing nothing, whether the plugin is installed as cfg
+// says: the binary in every existing bin dir and the entry in the primary
+// network (any nftredir-cni entry when cfg.Entry is empty). It is for a
+// process other than the installer, such as a readiness probe.
+func Check(cfg Config) error {
+	dirs, err := existingBinDirs(cfg.BinDirs)
+	if err != nil {
+		return err
+	}
+	for _, d := range dirs {
+		fi, err := os.Stat(filepath.Join(d, PluginType))
+		if err != nil {
+			return fmt.Errorf("plugin binary: %w", err)
+		}
+		if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+			return fmt.Errorf("plugin binary %s is not an executable file", filepath.Join(d, PluginType))
+		}
+	}
+	path, err := primaryFile(cfg.ConfDir, cfg.ConfName)
+	if err != nil {
+		return err
+	}
+	c, err := readConf(path)
+	if err != nil {
+		return err
+	}
+	v, err := c.version()
+	if err != nil {
+		return err
+	}
+	if len(cfg.Supported) > 0 {
+		if err := checkVersion(path, v, cfg.Supported); err != nil {
+			return err
+		}
+	}
+	if len(cfg.Entry) > 0 {
+		var buf bytes.Buffer
+		if err := json.Compact(&buf, cfg.Entry); err != nil {
+			return err
+		}
+		if c.hasEntry(buf.Bytes()) {
+			return nil
+		}
+		return fmt.Errorf("%s does not chain %s as configured", path, PluginType)
+	}
+	for _, p := range c.plugins {
+		if pluginType(p) == PluginType {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s does not chain %s", path, PluginType)
+}
+
+// writeAtomic replaces path so that a reader (a runtime executing the
+// plugin, or loading the network) sees the old file or the new one, never
+// a part: write a temporary file in the same directory, fsync, rename.
+// The temporary name has no configuration extension and is not the
+// plugin's name, so no runtime picks it up.
+func writeAtomic(path string, data io.Reader, mode fs.FileMode) error {
+	dir, name := filepath.Split(path)
+	f, err := os.CreateTemp(dir, durable.TempPrefix+name+"-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, err = io.Copy(f, data)
+	if err == nil {
+		err = f.Chmod(mode)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return durable.SyncDir(dir)
+}
