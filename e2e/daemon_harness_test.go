@@ -39,6 +39,7 @@ type nftredird struct {
 	stateDir string
 	log      string
 	args     []string
+	wrap     []string
 
 	cmd    *exec.Cmd
 	exited chan struct{}
@@ -51,6 +52,9 @@ type daemonOpts struct {
 	dir string
 	// args are extra flags.
 	args []string
+	// wrap runs the daemon through a command that execs it in place, such
+	// as nsenter into a cluster's node namespace.
+	wrap []string
 }
 
 // startDaemon starts nftredird and waits until it reports SERVING. It is
@@ -69,6 +73,7 @@ func startDaemon(t *testing.T, o daemonOpts) *nftredird {
 		stateDir: filepath.Join(dir, "state"),
 		log:      filepath.Join(dir, "nftredird.log"),
 		args:     o.args,
+		wrap:     o.wrap,
 	}
 	// Registered first so that it runs last, after the stop below has
 	// flushed the daemon's final lines.
@@ -105,7 +110,8 @@ func (d *nftredird) start(t *testing.T) {
 		"--probe-snat=false",
 		"--zds-socket=",
 	}, d.args...)
-	cmd := exec.Command(d.bin.Daemon, args...)
+	argv := append(append(slices.Clone(d.wrap), d.bin.Daemon), args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = cleanEnv()
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Pdeathsig: a test binary killed by its -timeout runs no cleanup; a
@@ -268,6 +274,19 @@ func (d *nftredird) logEntries(t *testing.T, msg string) []map[string]any {
 		}
 	}
 	return out
+}
+
+// tailLog returns the last n lines of the daemon's log.
+func (d *nftredird) tailLog(n int) string {
+	b, err := os.ReadFile(d.log)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }
 
 // dumpLog prints the daemon's log, its tail when it is long.
