@@ -639,7 +639,13 @@ func (c *Cluster) Kubectl(t testing.TB, args ...string) string {
 // KubectlErr runs kubectl as admin with stdin (may be nil) and returns
 // its stdout, and an error with its stderr if it failed.
 func (c *Cluster) KubectlErr(stdin []byte, args ...string) (string, error) {
-	cmd := c.NodeCommand(c.bin("kubectl"), append([]string{"--kubeconfig=" + c.AdminKubeconfig}, args...)...)
+	return c.KubectlAs(c.AdminKubeconfig, stdin, args...)
+}
+
+// KubectlAs is KubectlErr with another kubeconfig (e.g. one from
+// ServiceAccountKubeconfig).
+func (c *Cluster) KubectlAs(kubeconfig string, stdin []byte, args ...string) (string, error) {
+	cmd := c.NodeCommand(c.bin("kubectl"), append([]string{"--kubeconfig=" + kubeconfig}, args...)...)
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}

@@ -69,6 +69,7 @@ func (c *Cluster) teardown() {
 		}
 	}
 	note(c.unmountAll())
+	c.removeCgroups()
 	if os.Getenv("NFTREDIR_KCLUSTER_KEEP") == "1" {
 		t.Logf("kcluster: keeping %s and %s (NFTREDIR_KCLUSTER_KEEP=1)", c.Dir, c.etcdDir)
 	} else {
@@ -283,5 +284,17 @@ func (c *Cluster) dumpDiagnostics() {
 	}
 	for _, name := range c.order {
 		t.Logf("%s log (tail):\n%s", name, c.procs[name].tail(40))
+	}
+}
+
+// removeCgroups removes the parent cgroup containerd puts every CRI
+// container under when the kubelet gives none (cgroupsPerQOS is off):
+// /k8s.io in every v1 hierarchy. Its leaves go with runc delete. rmdir of
+// a cgroup fails while it has children or tasks, so another cluster's
+// containers there are never touched.
+func (c *Cluster) removeCgroups() {
+	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/k8s.io")
+	for _, d := range dirs {
+		os.Remove(d)
 	}
 }
