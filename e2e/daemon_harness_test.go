@@ -39,7 +39,7 @@ type nftredird struct {
 	stateDir string
 	log      string
 	args     []string
-	wrap     []string
+	netns    string
 
 	cmd    *exec.Cmd
 	exited chan struct{}
@@ -52,9 +52,10 @@ type daemonOpts struct {
 	dir string
 	// args are extra flags.
 	args []string
-	// wrap runs the daemon through a command that execs it in place, such
-	// as nsenter into a cluster's node namespace.
-	wrap []string
+	// netns, when set, is the network namespace the daemon runs in (a
+	// test-made "node", as in the Kubernetes cluster tests); it stays in
+	// the machine's mount namespace.
+	netns string
 }
 
 // startDaemon starts nftredird and waits until it reports SERVING. It is
@@ -73,7 +74,7 @@ func startDaemon(t *testing.T, o daemonOpts) *nftredird {
 		stateDir: filepath.Join(dir, "state"),
 		log:      filepath.Join(dir, "nftredird.log"),
 		args:     o.args,
-		wrap:     o.wrap,
+		netns:    o.netns,
 	}
 	// Registered first so that it runs last, after the stop below has
 	// flushed the daemon's final lines.
@@ -110,8 +111,11 @@ func (d *nftredird) start(t *testing.T) {
 		"--probe-snat=false",
 		"--zds-socket=",
 	}, d.args...)
-	argv := append(append(slices.Clone(d.wrap), d.bin.Daemon), args...)
-	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd := exec.Command(d.bin.Daemon, args...)
+	if d.netns != "" {
+		// nsenter execs the daemon in place: the pid stays the daemon's.
+		cmd = exec.Command("nsenter", append([]string{"--net=" + d.netns, "--", d.bin.Daemon}, args...)...)
+	}
 	cmd.Env = cleanEnv()
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Pdeathsig: a test binary killed by its -timeout runs no cleanup; a

@@ -55,8 +55,8 @@ func startMeshCluster(t *testing.T) *meshCluster {
 	dir := t.TempDir()
 	m := &meshCluster{Cluster: c, zds: filepath.Join(dir, "zds.sock")}
 	m.daemon = startDaemon(t, daemonOpts{
-		dir:  dir,
-		wrap: []string{"nsenter", "--net=" + c.Netns.Path, "--"},
+		dir:   dir,
+		netns: c.Netns.Path,
 		args: []string{
 			"--kubernetes", "--kubeconfig", kubeconfig, "--node-name", c.NodeName,
 			"--kubernetes-state-dir", filepath.Join(dir, "seen"),
