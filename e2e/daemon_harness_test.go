@@ -39,6 +39,7 @@ type nftredird struct {
 	stateDir string
 	log      string
 	args     []string
+	netns    string
 
 	cmd    *exec.Cmd
 	exited chan struct{}
@@ -51,6 +52,10 @@ type daemonOpts struct {
 	dir string
 	// args are extra flags.
 	args []string
+	// netns, when set, is the network namespace the daemon runs in (a
+	// test-made "node", as in the Kubernetes cluster tests); it stays in
+	// the machine's mount namespace.
+	netns string
 }
 
 // startDaemon starts nftredird and waits until it reports SERVING. It is
@@ -69,6 +74,7 @@ func startDaemon(t *testing.T, o daemonOpts) *nftredird {
 		stateDir: filepath.Join(dir, "state"),
 		log:      filepath.Join(dir, "nftredird.log"),
 		args:     o.args,
+		netns:    o.netns,
 	}
 	// Registered first so that it runs last, after the stop below has
 	// flushed the daemon's final lines.
@@ -109,6 +115,10 @@ func (d *nftredird) start(t *testing.T) {
 		"--metrics-address=",
 	}, d.args...)
 	cmd := exec.Command(d.bin.Daemon, args...)
+	if d.netns != "" {
+		// nsenter execs the daemon in place: the pid stays the daemon's.
+		cmd = exec.Command("nsenter", append([]string{"--net=" + d.netns, "--", d.bin.Daemon}, args...)...)
+	}
 	cmd.Env = cleanEnv()
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Pdeathsig: a test binary killed by its -timeout runs no cleanup; a
@@ -271,6 +281,19 @@ func (d *nftredird) logEntries(t *testing.T, msg string) []map[string]any {
 		}
 	}
 	return out
+}
+
+// tailLog returns the last n lines of the daemon's log.
+func (d *nftredird) tailLog(n int) string {
+	b, err := os.ReadFile(d.log)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }
 
 // dumpLog prints the daemon's log, its tail when it is long.

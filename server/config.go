@@ -71,6 +71,9 @@ type Config struct {
 	// health turns SERVING; an error stops Run. The daemon starts serving
 	// ZDS there, so a proxy's first snapshot is the reconciled set.
 	BeforeServing func(context.Context) error
+	// Policy, when set, decides which pods AddPod captures (Kubernetes
+	// mode). Nil: every AddPod is captured as requested.
+	Policy Policy
 }
 
 // Server implements nftredir.v1.RedirectService.
@@ -98,6 +101,7 @@ type Server struct {
 	// probeMu: see lockProbe.
 	probeMu       sync.RWMutex
 	beforeServing func(context.Context) error
+	policy        Policy
 
 	locks  *podLocks
 	owners *owners
@@ -176,6 +180,7 @@ func New(cfg Config) (*Server, error) {
 		zdsRequireAck: cfg.ZDSRequireAck,
 		probe:         cfg.Probe,
 		beforeServing: cfg.BeforeServing,
+		policy:        cfg.Policy,
 		locks:         newPodLocks(),
 		owners:        newOwners(),
 		watch:         newBroadcaster(),

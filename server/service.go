@@ -33,28 +33,8 @@ func (s *Server) AddPod(ctx context.Context, req *nftredirv1.AddPodRequest) (*nf
 	if err := s.checkReady(); err != nil {
 		return nil, err
 	}
-	a, err := validateAdd(req, s.defaults)
-	if err != nil {
-		return nil, err
-	}
-	log := s.log.With("pod", a.uid, "netns", a.netnsPath)
-	logging.AddFields(ctx, logging.Fields{"pod", a.uid, "netns", a.netnsPath})
-	unlock, err := s.locks.lock(ctx, a.uid)
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	defer unlock()
-	rec, prev, err := s.addPodAndProbe(ctx, log, a)
-	if err != nil {
-		log.Debug("add refused or failed; nothing changed", "error", err)
-		return nil, toStatus(err)
-	}
-	// Still under the pod's lock, so the proxy hears of this add before
-	// any later remove of the same pod.
-	if err := s.handToProxy(ctx, log, prev, rec); err != nil {
-		return nil, err
-	}
-	return &nftredirv1.AddPodResponse{Pod: s.withZDSState(rec.toProto())}, nil
+	logging.AddFields(ctx, logging.Fields{"pod", req.GetPodUid(), "netns", req.GetNetnsPath()})
+	return s.Enrol(ctx, req)
 }
 
 // addPodAndProbe is addPod followed by the node table update, both under
@@ -327,6 +307,9 @@ func (s *Server) RemovePod(ctx context.Context, req *nftredirv1.RemovePodRequest
 	existed, err := s.removePod(ctx, uid)
 	if err != nil {
 		return nil, toStatus(err)
+	}
+	if s.policy != nil {
+		s.policy.Removed(uid)
 	}
 	return &nftredirv1.RemovePodResponse{Existed: existed}, nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/nftredir/nftredir/kube"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 )
@@ -77,6 +78,14 @@ type options struct {
 	probeV4      addrValue
 	probeV6      addrValue
 
+	kubernetes   bool
+	kubeconfig   string
+	nodeName     string
+	kubeStateDir string
+	modeLabel    string
+	modeEnabled  string
+	modeDisabled string
+
 	// Derived by check.
 	spec    nft.Spec
 	routing netns.Routing
@@ -126,6 +135,8 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 		probeV4:    addrValue{netip.MustParseAddr("169.254.7.127")},
 		probeV6:    addrValue{netip.MustParseAddr("fd16:9254:7127:1337:ffff:ffff:ffff:ffff")},
 	}
+	// The Downward API's usual variable; NFTREDIR_NODE_NAME still wins.
+	nodeNameDefault, _ := lookupEnv("NODE_NAME")
 	fs := flag.NewFlagSet("nftredird", flag.ContinueOnError)
 	// The flag package prints errors and usage itself; keep it quiet and
 	// print usage only for -h, so an error is one clear line.
@@ -163,6 +174,13 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.Var(&o.probeV4, "probe-source-v4", "kubelet probe source `address` (SNATed on the node) that bypasses capture; empty disables")
 	fs.Var(&o.probeV6, "probe-source-v6", "IPv6 kubelet probe source `address`; empty disables")
 	fs.BoolVar(&o.version, "version", false, "print the version (module, VCS revision and time, Go version) and exit")
+	fs.BoolVar(&o.kubernetes, "kubernetes", false, "Kubernetes mode: watch this node's pods and the namespaces, capture the pods the enrolment policy selects (filling in their identity from the API), enrol and release running pods as their labels change, annotate captured pods")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig `path` for Kubernetes mode; empty uses the in-cluster service account")
+	fs.StringVar(&o.nodeName, "node-name", nodeNameDefault, "this node's `name` in Kubernetes mode (default: $NODE_NAME)")
+	fs.StringVar(&o.kubeStateDir, "kubernetes-state-dir", "/run/nftredir/seen", "`dir`ectory where Kubernetes mode remembers the namespaces of pods it did not capture, so it can enrol them when they are labelled")
+	fs.StringVar(&o.modeLabel, "dataplane-mode-label", kube.DefaultModeLabel, "label `key` on a namespace or pod that selects capture in Kubernetes mode")
+	fs.StringVar(&o.modeEnabled, "dataplane-mode-enabled", kube.DefaultModeEnabled, "label `value` that opts a namespace or pod in")
+	fs.StringVar(&o.modeDisabled, "dataplane-mode-disabled", kube.DefaultModeDisabled, "label `value` that opts a pod out even in an opted-in namespace")
 	fs.Usage = func() {}
 	for {
 		if err := fs.Parse(args); err != nil {
@@ -214,6 +232,10 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 		return nil, err
 	}
 	return o, nil
+}
+
+func (o *options) selector() kube.Selector {
+	return kube.Selector{Label: o.modeLabel, Enabled: o.modeEnabled, Disabled: o.modeDisabled}
 }
 
 func printUsage(fs *flag.FlagSet, out io.Writer) {
@@ -277,6 +299,22 @@ func (o *options) check() error {
 	}
 	if o.probeSNAT && o.command == "" && !o.probeV4.IsValid() && !o.probeV6.IsValid() {
 		bad("--probe-snat needs a probe source (--probe-source-v4 or --probe-source-v6); or set --probe-snat=false")
+	}
+	if o.kubernetes {
+		if o.nodeName == "" {
+			bad("--kubernetes needs --node-name (or NODE_NAME): only this node's pods are watched")
+		}
+		if !filepath.IsAbs(o.kubeStateDir) || filepath.Clean(o.kubeStateDir) != o.kubeStateDir {
+			bad("--kubernetes-state-dir %q must be an absolute, clean path", o.kubeStateDir)
+		}
+		if o.kubeStateDir == o.stateDir {
+			bad("--kubernetes-state-dir and --state-dir are both %s", o.stateDir)
+		}
+		if err := o.selector().Validate(); err != nil {
+			bad("--dataplane-mode-*: %v", err)
+		}
+	} else if o.kubeconfig != "" {
+		bad("--kubeconfig is for Kubernetes mode; add --kubernetes")
 	}
 	mode, err := nft.ParseMode(o.captureMode)
 	if err != nil {

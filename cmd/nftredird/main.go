@@ -19,6 +19,7 @@ import (
 
 	"github.com/nftredir/nftredir/internal/selftest"
 	"github.com/nftredir/nftredir/internal/version"
+	"github.com/nftredir/nftredir/kube"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 	"github.com/nftredir/nftredir/probe"
@@ -209,6 +210,26 @@ func serve(opts *options, root hclog.Logger) error {
 		notifyReady(root)
 		return nil
 	}
+	var agent *kube.Agent
+	if opts.kubernetes {
+		if agent, err = newAgent(opts, root); err != nil {
+			return err
+		}
+		cfg.Policy = agent
+		// The pods are brought in line with the API before SERVING, and
+		// before ZDS serves, so a proxy's first snapshot already follows
+		// the policy.
+		afterReconcile := cfg.BeforeServing
+		cfg.BeforeServing = func(ctx context.Context) error {
+			if err := agent.Start(ctx, srv); err != nil {
+				return fmt.Errorf("kubernetes: %w", err)
+			}
+			if afterReconcile != nil {
+				return afterReconcile(ctx)
+			}
+			return nil
+		}
+	}
 	srv, err = server.New(cfg)
 	if err != nil {
 		return err
@@ -244,7 +265,7 @@ func serve(opts *options, root hclog.Logger) error {
 	// graceful stop.
 	defer stopHTTP()
 	root.Info("listening", "socket", opts.socket, "state_dir", opts.stateDir, "allow_uids", opts.allowUIDs.String(), "allow_gids", opts.allowGIDs.String(), "socket_group", opts.socketGroup,
-		"zds_socket", opts.zdsSocket, "zds_require_ack", opts.zdsRequireAck, "probe_snat", opts.probeSNAT, "node_netns", nodeNetnsName(opts.nodeNetns), "kubelet_uid", uint32(opts.kubeletUID))
+		"zds_socket", opts.zdsSocket, "kubernetes", opts.kubernetes, "node_name", opts.nodeName, "zds_require_ack", opts.zdsRequireAck, "probe_snat", opts.probeSNAT, "node_netns", nodeNetnsName(opts.nodeNetns), "kubelet_uid", uint32(opts.kubeletUID))
 	return srv.Run(ctx, lis, opts.shutdownTimeout)
 }
 
@@ -276,6 +297,23 @@ func kernelSelfTest(ctx context.Context, opts *options, root hclog.Logger) error
 	}
 	log.Info("kernel self-test passed", "checks", len(results), "duration", time.Since(start))
 	return nil
+}
+
+// newAgent connects Kubernetes mode to the API server.
+func newAgent(opts *options, root hclog.Logger) (*kube.Agent, error) {
+	log := root.Named("kube")
+	kube.RouteKlog(log.Named("client-go"))
+	client, err := kube.NewClient(opts.kubeconfig, "nftredird/"+opts.nodeName)
+	if err != nil {
+		return nil, err
+	}
+	return kube.New(kube.Config{
+		Client:   client,
+		NodeName: opts.nodeName,
+		Selector: opts.selector(),
+		Dir:      opts.kubeStateDir,
+		Logger:   log,
+	})
 }
 
 // zdsServing is the ZDS server and the goroutine serving it.

@@ -487,10 +487,19 @@ func (x *AddPodRequest) GetServiceAccount() string {
 type AddPodResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The record, with the effective options (daemon defaults filled in) and
-	// the namespace identity.
-	Pod           *Pod `protobuf:"bytes,1,opt,name=pod,proto3" json:"pod,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// the namespace identity. Unset when the pod was not captured.
+	Pod *Pod `protobuf:"bytes,1,opt,name=pod,proto3" json:"pod,omitempty"`
+	// Set when the daemon's enrolment policy leaves the pod uncaptured, and
+	// says why (e.g. "namespace shop is not labelled
+	// istio.io/dataplane-mode=ambient"). Only a daemon in Kubernetes mode
+	// decides this: it looks the pod up in the Kubernetes API, captures it if
+	// the policy says so (filling in name, namespace, service account and
+	// options from the pod and its annotations), and otherwise remembers the
+	// namespace so that the pod can be enrolled if it is labelled later.
+	// Empty whenever pod is set.
+	NotCapturedReason string `protobuf:"bytes,2,opt,name=not_captured_reason,json=notCapturedReason,proto3" json:"not_captured_reason,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *AddPodResponse) Reset() {
@@ -528,6 +537,13 @@ func (x *AddPodResponse) GetPod() *Pod {
 		return x.Pod
 	}
 	return nil
+}
+
+func (x *AddPodResponse) GetNotCapturedReason() string {
+	if x != nil {
+		return x.NotCapturedReason
+	}
+	return ""
 }
 
 // RemovePodRequest releases one pod.
@@ -1191,9 +1207,10 @@ const file_nftredir_v1_nftredir_proto_rawDesc = "" +
 	"\apod_ips\x18\x05 \x03(\tR\x06podIps\x126\n" +
 	"\aoptions\x18\x06 \x01(\v2\x1c.nftredir.v1.RedirectOptionsR\aoptions\x12,\n" +
 	"\x0fservice_account\x18\a \x01(\tH\x00R\x0eserviceAccount\x88\x01\x01B\x12\n" +
-	"\x10_service_account\"4\n" +
+	"\x10_service_account\"d\n" +
 	"\x0eAddPodResponse\x12\"\n" +
-	"\x03pod\x18\x01 \x01(\v2\x10.nftredir.v1.PodR\x03pod\"+\n" +
+	"\x03pod\x18\x01 \x01(\v2\x10.nftredir.v1.PodR\x03pod\x12.\n" +
+	"\x13not_captured_reason\x18\x02 \x01(\tR\x11notCapturedReason\"+\n" +
 	"\x10RemovePodRequest\x12\x17\n" +
 	"\apod_uid\x18\x01 \x01(\tR\x06podUid\"-\n" +
 	"\x11RemovePodResponse\x12\x18\n" +

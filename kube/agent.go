@@ -1,0 +1,617 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	listerscorev1 "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/nftredir/nftredir/netns"
+	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+	"github.com/nftredir/nftredir/server"
+)
+
+// Enroller is what the agent needs of the daemon's server: enrol and
+// release without the readiness gate, and read what is enrolled.
+// *server.Server is one.
+type Enroller interface {
+	Enrol(ctx context.Context, req *nftredirv1.AddPodRequest) (*nftredirv1.AddPodResponse, error)
+	Release(ctx context.Context, uid string) (bool, error)
+	Enrolled(uid string) (*nftredirv1.Pod, error)
+	EnrolledUIDs() ([]string, error)
+}
+
+// Config is everything New needs. Zero values take the defaults where one
+// exists.
+type Config struct {
+	// Client talks to the Kubernetes API. Required.
+	Client kubernetes.Interface
+	// NodeName is this node's name: only its pods are watched. Required.
+	NodeName string
+	// Selector is the enrolment policy. Zero: DefaultSelector().
+	Selector Selector
+	// Dir keeps the namespaces of pods seen through AddPod. Required,
+	// absolute; on tmpfs like the state dir, for the same reason.
+	Dir string
+	// Logger is the agent's logger.
+	Logger hclog.Logger
+	// Resync is the informers' resync period. Zero: 5m.
+	Resync time.Duration
+	// Sweep is how often every enrolled or seen pod is checked against
+	// the API, besides the watch. Zero: 30s.
+	Sweep time.Duration
+	// LookupTimeout bounds a direct GET of a pod or namespace the cache
+	// has not seen yet. Zero: 5s.
+	LookupTimeout time.Duration
+}
+
+// Agent is the Kubernetes side of the daemon. It is the server's Policy,
+// and runs a controller that keeps running pods in line with the policy.
+type Agent struct {
+	client   kubernetes.Interface
+	node     string
+	sel      Selector
+	seen     *sightings
+	log      hclog.Logger
+	sweep    time.Duration
+	lookup   time.Duration
+	events   record.EventRecorder
+	eventsB  record.EventBroadcaster
+	pods     informers.SharedInformerFactory
+	nss      informers.SharedInformerFactory
+	podIndex cache.Indexer
+	podList  listerscorev1.PodLister
+	nsList   listerscorev1.NamespaceLister
+	synced   []cache.InformerSynced
+	queue    workqueue.TypedRateLimitingInterface[string]
+
+	enr   Enroller // set by Start
+	ready atomic.Bool
+}
+
+var _ server.Policy = (*Agent)(nil)
+
+const uidIndex = "uid"
+
+// New builds the agent; nothing talks to the API until Start, except
+// Admit's direct lookups.
+func New(cfg Config) (*Agent, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("kube config: Client is required")
+	}
+	if cfg.NodeName == "" {
+		return nil, errors.New("kube config: the node name is required (--node-name or NODE_NAME)")
+	}
+	sel := cfg.Selector
+	if sel == (Selector{}) {
+		sel = DefaultSelector()
+	}
+	if err := sel.Validate(); err != nil {
+		return nil, fmt.Errorf("kube config: %w", err)
+	}
+	seen, err := openSightings(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("kube config: %w", err)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	resync := cmpOr(cfg.Resync, 5*time.Minute)
+	a := &Agent{
+		client: cfg.Client,
+		node:   cfg.NodeName,
+		sel:    sel,
+		seen:   seen,
+		log:    log,
+		sweep:  cmpOr(cfg.Sweep, 30*time.Second),
+		lookup: cmpOr(cfg.LookupTimeout, 5*time.Second),
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "pods"}),
+	}
+	a.pods = informers.NewSharedInformerFactoryWithOptions(cfg.Client, resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "spec.nodeName=" + cfg.NodeName }),
+		informers.WithTransform(stripManagedFields))
+	a.nss = informers.NewSharedInformerFactoryWithOptions(cfg.Client, resync, informers.WithTransform(stripManagedFields))
+	podInf := a.pods.Core().V1().Pods()
+	nsInf := a.nss.Core().V1().Namespaces()
+	if err := podInf.Informer().AddIndexers(cache.Indexers{uidIndex: podUIDIndex}); err != nil {
+		return nil, err
+	}
+	a.podIndex = podInf.Informer().GetIndexer()
+	a.podList = podInf.Lister()
+	a.nsList = nsInf.Lister()
+	a.synced = []cache.InformerSynced{podInf.Informer().HasSynced, nsInf.Informer().HasSynced}
+	if _, err := podInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    a.podChanged,
+		UpdateFunc: func(_, obj any) { a.podChanged(obj) },
+		DeleteFunc: a.podChanged,
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := nsInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    a.namespaceChanged,
+		UpdateFunc: func(old, obj any) { a.namespaceUpdated(old, obj) },
+	}); err != nil {
+		return nil, err
+	}
+	a.eventsB = record.NewBroadcaster()
+	a.events = a.eventsB.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "nftredird", Host: cfg.NodeName})
+	return a, nil
+}
+
+func cmpOr(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}
+
+// stripManagedFields keeps the caches small: the agent never reads them.
+func stripManagedFields(obj any) (any, error) {
+	if m, ok := obj.(metav1.ObjectMetaAccessor); ok {
+		m.GetObjectMeta().SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+func podUIDIndex(obj any) ([]string, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return nil, nil
+	}
+	return []string{string(pod.UID)}, nil
+}
+
+func (a *Agent) podChanged(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	if pod, ok := obj.(*corev1.Pod); ok {
+		a.queue.Add(string(pod.UID))
+	}
+}
+
+func (a *Agent) namespaceChanged(obj any) {
+	ns, ok := obj.(*corev1.Namespace)
+	if !ok {
+		return
+	}
+	pods, err := a.podIndex.ByIndex(cache.NamespaceIndex, ns.Name)
+	if err != nil {
+		return
+	}
+	for _, p := range pods {
+		a.podChanged(p)
+	}
+}
+
+// namespaceUpdated re-checks the namespace's pods only when the policy
+// label changed: namespaces are updated for many other reasons.
+func (a *Agent) namespaceUpdated(old, obj any) {
+	o, ok1 := old.(*corev1.Namespace)
+	n, ok2 := obj.(*corev1.Namespace)
+	if ok1 && ok2 && o.Labels[a.sel.Label] == n.Labels[a.sel.Label] {
+		return
+	}
+	a.namespaceChanged(obj)
+}
+
+// Ready reports whether the caches have synced and every known pod was
+// brought in line once.
+func (a *Agent) Ready() bool { return a.ready.Load() }
+
+// Start starts the watches, waits for them to sync, brings every pod the
+// daemon knows of in line with the policy, then keeps doing so in the
+// background until ctx ends. It returns once the first pass is done, so
+// the daemon calls it before reporting SERVING. Without the API it waits
+// (and says so), because serving on a guess could leave a mesh pod
+// uncaptured.
+func (a *Agent) Start(ctx context.Context, enr Enroller) error {
+	a.enr = enr
+	a.eventsB.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
+	a.pods.Start(ctx.Done())
+	a.nss.Start(ctx.Done())
+	start := time.Now()
+	for !cache.WaitForCacheSync(timeoutDone(ctx, 10*time.Second), a.synced...) {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		a.log.Warn("still waiting for the Kubernetes API to list this node's pods and the namespaces", "node", a.node, "waited", time.Since(start).Round(time.Second))
+	}
+	uids, err := a.knownUIDs(true)
+	if err != nil {
+		return err
+	}
+	for _, uid := range uids {
+		if err := a.sync(ctx, uid); err != nil {
+			a.log.Warn("could not bring the pod in line; retrying in the background", "pod", uid, "error", err)
+			a.queue.AddRateLimited(uid)
+		}
+	}
+	a.log.Info("pods in line with the Kubernetes API", "node", a.node, "pods", len(uids), "took", time.Since(start).Round(time.Millisecond))
+	a.ready.Store(true)
+	go a.work(ctx)
+	go a.work(ctx)
+	go a.sweepLoop(ctx)
+	go func() {
+		<-ctx.Done()
+		a.queue.ShutDown()
+		a.eventsB.Shutdown()
+	}()
+	return nil
+}
+
+// timeoutDone is a channel closed when ctx ends or d passes.
+func timeoutDone(ctx context.Context, d time.Duration) <-chan struct{} {
+	c, cancel := context.WithTimeout(ctx, d)
+	go func() { <-c.Done(); cancel() }()
+	return c.Done()
+}
+
+// knownUIDs is every pod the agent must look at: enrolled, seen, and (with
+// cached) every pod of the node in the cache.
+func (a *Agent) knownUIDs(cached bool) ([]string, error) {
+	uids, err := a.enr.EnrolledUIDs()
+	if err != nil {
+		return nil, fmt.Errorf("list enrolled pods: %w", err)
+	}
+	uids = append(uids, a.seen.uids()...)
+	if cached {
+		for _, p := range a.podIndex.List() {
+			if pod, ok := p.(*corev1.Pod); ok {
+				uids = append(uids, string(pod.UID))
+			}
+		}
+	}
+	slices.Sort(uids)
+	return slices.Compact(uids), nil
+}
+
+func (a *Agent) sweepLoop(ctx context.Context) {
+	t := time.NewTicker(a.sweep)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		uids, err := a.knownUIDs(false)
+		if err != nil {
+			a.log.Warn("sweep", "error", err)
+			continue
+		}
+		for _, uid := range uids {
+			a.queue.Add(uid)
+		}
+	}
+}
+
+func (a *Agent) work(ctx context.Context) {
+	for {
+		uid, quit := a.queue.Get()
+		if quit {
+			return
+		}
+		err := a.sync(ctx, uid)
+		switch {
+		case err == nil:
+			a.queue.Forget(uid)
+		case isFinal(err):
+			// The pod must change before another try can succeed; its
+			// update event queues it again. The Event says why.
+			a.log.Info("pod not enrolled until it changes", "pod", uid, "error", err)
+			a.queue.Forget(uid)
+		default:
+			a.log.Warn("sync failed; retrying", "pod", uid, "error", err, "retries", a.queue.NumRequeues(uid))
+			a.queue.AddRateLimited(uid)
+		}
+		a.queue.Done(uid)
+	}
+}
+
+// isFinal: errors no retry of the same request can fix.
+func isFinal(err error) bool {
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.FailedPrecondition:
+		return true
+	}
+	return false
+}
+
+// opTimeout bounds one enrolment or release the agent starts itself.
+const opTimeout = 30 * time.Second
+
+// sync brings one pod in line: captured if the policy wants it and its
+// namespace is known, released if not, released and forgotten if it is
+// gone from the API; and the annotation says which.
+func (a *Agent) sync(ctx context.Context, uid string) error {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	log := a.log.With("pod", uid)
+	rec, err := a.enr.Enrolled(uid)
+	if err != nil {
+		return err
+	}
+	seen := a.seen.get(uid)
+	pod := a.cachedPodByUID(uid)
+	if pod == nil {
+		if rec == nil && seen == nil {
+			return nil
+		}
+		ns, name := rec.GetPodNamespace(), rec.GetPodName()
+		if seen != nil {
+			ns, name = seen.Namespace, seen.Name
+		}
+		pod, err = a.getPod(ctx, ns, name, uid)
+		if err != nil {
+			return err
+		}
+		if pod == nil {
+			if rec != nil {
+				if _, err := a.enr.Release(ctx, uid); err != nil {
+					return fmt.Errorf("release a pod gone from the API: %w", err)
+				}
+				log.Info("pod released: it is gone from the Kubernetes API", "namespace", ns, "name", name)
+			}
+			return a.seen.forget(uid)
+		}
+	}
+	log = log.With("namespace", pod.Namespace, "name", pod.Name)
+	ns, err := a.getNamespace(ctx, pod.Namespace)
+	if err != nil {
+		return err
+	}
+	want, why := a.sel.Captured(pod, ns)
+	switch {
+	case want && (rec == nil || seen != nil && seen.NetnsPath == rec.GetNetnsPath()):
+		// A re-enrolment of a captured pod follows changed annotations;
+		// when nothing changed it is a no-op in the kernel.
+		if seen == nil {
+			log.Debug("pod should be captured, but its namespace is unknown; its next sandbox enrols it")
+			return a.annotate(ctx, pod, false)
+		}
+		if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+			return nil
+		}
+		resp, err := a.enr.Enrol(withAgent(ctx), seen.request())
+		if err != nil {
+			if status.Code(err) == codes.FailedPrecondition && rec == nil {
+				// The remembered path no longer leads to the pod's
+				// namespace: only a new sandbox can tell us the new one.
+				_ = a.seen.forget(uid)
+			}
+			return err
+		}
+		if rec == nil && resp.GetNotCapturedReason() == "" {
+			log.Info("running pod enrolled: it matches the policy")
+		}
+		return a.annotate(ctx, pod, resp.GetNotCapturedReason() == "")
+	case want:
+		return a.annotate(ctx, pod, true)
+	case rec != nil:
+		if _, err := a.enr.Release(ctx, uid); err != nil {
+			return err
+		}
+		log.Info("pod released: the enrolment policy leaves it uncaptured", "reason", why)
+		return a.annotate(ctx, pod, false)
+	default:
+		return a.annotate(ctx, pod, false)
+	}
+}
+
+func (s *sighting) request() *nftredirv1.AddPodRequest {
+	req := &nftredirv1.AddPodRequest{
+		PodUid:       s.PodUID,
+		PodName:      s.Name,
+		PodNamespace: s.Namespace,
+		NetnsPath:    s.NetnsPath,
+		PodIps:       s.PodIPs,
+	}
+	if len(s.Options) > 0 {
+		o := &nftredirv1.RedirectOptions{}
+		if proto.Unmarshal(s.Options, o) == nil {
+			req.Options = o
+		}
+	}
+	return req
+}
+
+func (a *Agent) cachedPodByUID(uid string) *corev1.Pod {
+	objs, err := a.podIndex.ByIndex(uidIndex, uid)
+	if err != nil || len(objs) == 0 {
+		return nil
+	}
+	pod, _ := objs[0].(*corev1.Pod)
+	return pod
+}
+
+// getPod reads the pod ns/name from the API directly, for what the cache
+// has not seen yet. It returns nil when there is no such pod, or when the
+// pod of that name is another one (not uid, nor uid's mirror).
+func (a *Agent) getPod(ctx context.Context, ns, name, uid string) (*corev1.Pod, error) {
+	if ns == "" || name == "" {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, a.lookup)
+	defer cancel()
+	pod, err := a.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, status.Errorf(codes.Unavailable, "look up pod %s/%s in the Kubernetes API: %v; retry", ns, name, err)
+	case !samePod(pod, uid) || pod.Spec.NodeName != a.node:
+		return nil, nil
+	}
+	return pod, nil
+}
+
+// mirrorAnnotation carries, on a static pod's mirror in the API, the UID
+// the kubelet gives the pod itself (and its sandboxes).
+const mirrorAnnotation = "kubernetes.io/config.mirror"
+
+func samePod(pod *corev1.Pod, uid string) bool {
+	return string(pod.UID) == uid || pod.Annotations[mirrorAnnotation] == uid
+}
+
+func (a *Agent) getNamespace(ctx context.Context, name string) (*corev1.Namespace, error) {
+	if ns, err := a.nsList.Get(name); err == nil {
+		return ns, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, a.lookup)
+	defer cancel()
+	ns, err := a.client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, status.Errorf(codes.Unavailable, "look up namespace %s in the Kubernetes API: %v; retry", name, err)
+	}
+	return ns, nil
+}
+
+// annotate makes the redirection annotation say whether the pod is
+// captured; istiod reads it.
+func (a *Agent) annotate(ctx context.Context, pod *corev1.Pod, captured bool) error {
+	if (pod.Annotations[RedirectionAnnotation] == redirectionEnabled) == captured {
+		return nil
+	}
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:null}}}`, RedirectionAnnotation)
+	if captured {
+		patch = fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, RedirectionAnnotation, redirectionEnabled)
+	}
+	_, err := a.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("annotate pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	return nil
+}
+
+type agentKey struct{}
+
+// withAgent marks the agent's own enrolments: their path comes from a
+// sighting, which must still name the same namespace.
+func withAgent(ctx context.Context) context.Context { return context.WithValue(ctx, agentKey{}, true) }
+
+func fromAgent(ctx context.Context) bool { v, _ := ctx.Value(agentKey{}).(bool); return v }
+
+// Admit is the policy for one AddPod (server.Policy).
+func (a *Agent) Admit(ctx context.Context, req *nftredirv1.AddPodRequest, id netns.ID) (server.Admission, error) {
+	uid := req.GetPodUid()
+	pod, err := a.podFor(ctx, req)
+	if err != nil {
+		return server.Admission{}, err
+	}
+	if pod == nil {
+		return server.Admission{NotCaptured: fmt.Sprintf("pod %s/%s (uid %s) is not on node %s in the Kubernetes API", req.GetPodNamespace(), req.GetPodName(), uid, a.node)}, nil
+	}
+	if fromAgent(ctx) {
+		if s := a.seen.get(uid); s == nil || s.NetnsID != id.String() {
+			return server.Admission{}, status.Errorf(codes.FailedPrecondition, "pod %s/%s: %s now names another namespace than the pod's sandbox; its next sandbox enrols it", pod.Namespace, pod.Name, req.GetNetnsPath())
+		}
+	} else {
+		v := sighting{PodUID: uid, Namespace: pod.Namespace, Name: pod.Name, NetnsPath: req.GetNetnsPath(), NetnsID: id.String(), PodIPs: req.GetPodIps(), SeenAt: time.Now().UTC()}
+		if req.GetOptions() != nil {
+			v.Options, _ = proto.Marshal(req.GetOptions())
+		}
+		if err := a.seen.put(v); err != nil {
+			return server.Admission{}, status.Errorf(codes.Unavailable, "%v", err)
+		}
+	}
+	ns, err := a.getNamespace(ctx, pod.Namespace)
+	if err != nil {
+		return server.Admission{}, err
+	}
+	if want, why := a.sel.Captured(pod, ns); !want {
+		return server.Admission{NotCaptured: why}, nil
+	}
+	opts, err := Options(pod.Annotations, req.GetOptions())
+	if err != nil {
+		return server.Admission{}, status.Errorf(codes.InvalidArgument, "pod %s/%s: %v", pod.Namespace, pod.Name, err)
+	}
+	out := proto.Clone(req).(*nftredirv1.AddPodRequest)
+	out.PodName, out.PodNamespace, out.Options = pod.Name, pod.Namespace, opts
+	sa := pod.Spec.ServiceAccountName
+	if sa == "" {
+		sa = "default" // what the API server's admission fills in
+	}
+	out.ServiceAccount = &sa
+	if len(out.PodIps) == 0 {
+		for _, ip := range pod.Status.PodIPs {
+			out.PodIps = append(out.PodIps, ip.IP)
+		}
+	}
+	return server.Admission{Request: out}, nil
+}
+
+// podFor finds the request's pod: by namespace and name (what CNI_ARGS
+// carry) in the cache or, if the cache has not seen it yet, in the API;
+// by UID alone in the cache otherwise.
+func (a *Agent) podFor(ctx context.Context, req *nftredirv1.AddPodRequest) (*corev1.Pod, error) {
+	uid, ns, name := req.GetPodUid(), req.GetPodNamespace(), req.GetPodName()
+	if ns == "" || name == "" {
+		if pod := a.cachedPodByUID(uid); pod != nil {
+			return pod, nil
+		}
+		return nil, status.Errorf(codes.FailedPrecondition, "pod_uid %s is not a pod on node %s; in Kubernetes mode give pod_namespace and pod_name too", uid, a.node)
+	}
+	if pod, err := a.podList.Pods(ns).Get(name); err == nil && samePod(pod, uid) {
+		return pod, nil
+	}
+	pod, err := a.getPod(ctx, ns, name, uid)
+	if err != nil || pod != nil {
+		return pod, err
+	}
+	return nil, nil
+}
+
+// Added shows a failed enrolment on the pod and queues the pod so that
+// its annotation follows the outcome (server.Policy).
+func (a *Agent) Added(req *nftredirv1.AddPodRequest, captured bool, err error) {
+	if err != nil && req.GetPodNamespace() != "" && req.GetPodName() != "" {
+		reason := "CaptureFailed"
+		if isFinal(err) {
+			reason = "CaptureRefused"
+		}
+		ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: req.GetPodNamespace(), Name: req.GetPodName(), UID: types.UID(req.GetPodUid())}
+		a.events.Eventf(ref, corev1.EventTypeWarning, reason, "nftredir cannot capture the pod's traffic: %s", status.Convert(err).Message())
+	}
+	if a.ready.Load() {
+		a.queue.Add(req.GetPodUid())
+	}
+}
+
+// Removed forgets the pod's namespace: its sandbox is going away
+// (server.Policy).
+func (a *Agent) Removed(uid string) {
+	if err := a.seen.forget(uid); err != nil {
+		a.log.Warn("cannot forget the pod's namespace", "pod", uid, "error", err)
+	}
+	if a.ready.Load() {
+		a.queue.Add(uid)
+	}
+}

@@ -1,0 +1,42 @@
+package kube
+
+import (
+	"fmt"
+
+	"github.com/go-logr/logr/funcr"
+	"github.com/hashicorp/go-hclog"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+)
+
+// NewClient connects to the API server with the kubeconfig at path, or
+// with the pod's service account when path is empty (the DaemonSet).
+func NewClient(path, userAgent string) (kubernetes.Interface, error) {
+	var (
+		cfg *rest.Config
+		err error
+	)
+	if path == "" {
+		cfg, err = rest.InClusterConfig()
+	} else {
+		cfg, err = clientcmd.BuildConfigFromFlags("", path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client config: %w", err)
+	}
+	cfg.UserAgent = userAgent
+	// Protobuf is smaller and cheaper to decode than JSON for pod lists.
+	cfg.ContentType = "application/vnd.kubernetes.protobuf"
+	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	return kubernetes.NewForConfig(cfg)
+}
+
+// RouteKlog sends client-go's own log lines (reflector errors, watch
+// restarts) to log, so the daemon writes one log format.
+func RouteKlog(log hclog.Logger) {
+	klog.SetLogger(funcr.New(func(prefix, args string) {
+		log.Debug(args, "source", prefix)
+	}, funcr.Options{Verbosity: 2}))
+}

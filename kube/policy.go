@@ -1,0 +1,228 @@
+// Package kube makes nftredird a Kubernetes node agent: it watches the
+// pods of its node and their namespaces, decides which pods are captured
+// (Istio's ambient labels by default), fills in what the API knows of a
+// pod (name, namespace, UID, service account, options from annotations),
+// enrols and releases running pods as their labels change, and shows the
+// outcome on the pod (an annotation, Events).
+//
+// Only the daemon's wiring imports it; the server knows it only as a
+// server.Policy.
+package kube
+
+import (
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"google.golang.org/protobuf/proto"
+	corev1 "k8s.io/api/core/v1"
+
+	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+)
+
+// Istio's vocabulary, the default selector: istiod and ztunnel read the
+// same label and annotation.
+const (
+	DefaultModeLabel    = "istio.io/dataplane-mode"
+	DefaultModeEnabled  = "ambient"
+	DefaultModeDisabled = "none"
+
+	// RedirectionAnnotation marks a pod whose traffic is captured; istiod
+	// treats a workload as ambient by it. It states what is, not intent.
+	RedirectionAnnotation = "ambient.istio.io/redirection"
+	redirectionEnabled    = "enabled"
+
+	// sidecarStatusAnnotation is set by Istio's injector on pods with a
+	// sidecar, which captures their traffic itself.
+	sidecarStatusAnnotation = "sidecar.istio.io/status"
+	sidecarContainer        = "istio-proxy"
+)
+
+// Selector is the enrolment policy: which label opts a namespace or a pod
+// in, and which value opts a pod out.
+type Selector struct {
+	Label    string
+	Enabled  string
+	Disabled string
+}
+
+// DefaultSelector is Istio's ambient policy.
+func DefaultSelector() Selector {
+	return Selector{Label: DefaultModeLabel, Enabled: DefaultModeEnabled, Disabled: DefaultModeDisabled}
+}
+
+// Validate reports a selector that cannot work.
+func (s Selector) Validate() error {
+	switch {
+	case s.Label == "":
+		return fmt.Errorf("the enrolment label key is empty")
+	case s.Enabled == "":
+		return fmt.Errorf("the enrolment label's opt-in value is empty")
+	case s.Enabled == s.Disabled:
+		return fmt.Errorf("the enrolment label's opt-in and opt-out values are both %q", s.Enabled)
+	}
+	return nil
+}
+
+// Captured says whether pod, in namespace ns (nil if unknown), is to be
+// captured, and why not when it is not. The order is Istio's: the pod's
+// own opt-out wins, then its opt-in, then the namespace's.
+func (s Selector) Captured(pod *corev1.Pod, ns *corev1.Namespace) (bool, string) {
+	switch {
+	case pod.Spec.HostNetwork:
+		return false, "the pod is on the host network"
+	case hasSidecar(pod):
+		return false, "the pod has a sidecar proxy"
+	case pod.DeletionTimestamp != nil:
+		return false, "the pod is being deleted"
+	}
+	podMode, podSet := pod.Labels[s.Label]
+	switch {
+	case podSet && podMode == s.Disabled && s.Disabled != "":
+		return false, fmt.Sprintf("the pod is labelled %s=%s", s.Label, podMode)
+	case podSet && podMode == s.Enabled:
+		return true, ""
+	case ns != nil && ns.Labels[s.Label] == s.Enabled:
+		return true, ""
+	}
+	return false, fmt.Sprintf("neither the pod nor namespace %s is labelled %s=%s", pod.Namespace, s.Label, s.Enabled)
+}
+
+func hasSidecar(pod *corev1.Pod) bool {
+	if _, ok := pod.Annotations[sidecarStatusAnnotation]; ok {
+		return true
+	}
+	for _, c := range pod.Spec.Containers {
+		if c.Name == sidecarContainer {
+			return true
+		}
+	}
+	for _, c := range pod.Spec.InitContainers {
+		if c.Name == sidecarContainer {
+			return true
+		}
+	}
+	return false
+}
+
+// Per-pod capture options, as annotations of nftredir's own. Each
+// overrides the same field of the CNI configuration's options; the daemon
+// then validates the result exactly as an AddPod request's options.
+const (
+	annotationPrefix = "nftredir.io/"
+
+	AnnotationCaptureMode          = annotationPrefix + "capture-mode"           // tproxy or redirect
+	AnnotationExcludeInboundPorts  = annotationPrefix + "exclude-inbound-ports"  // "8080,9090"
+	AnnotationExcludeOutboundPorts = annotationPrefix + "exclude-outbound-ports" // "5432"
+	AnnotationExcludeOutboundCIDRs = annotationPrefix + "exclude-outbound-cidrs" // "10.0.0.0/8,169.254.169.254"
+	AnnotationDNSCapture           = annotationPrefix + "dns-capture"            // true or false
+	AnnotationInboundCapture       = annotationPrefix + "inbound-capture"        // true or false
+)
+
+// knownAnnotations lists every option annotation, so a misspelt one is an
+// error rather than silently ignored.
+var knownAnnotations = map[string]bool{
+	AnnotationCaptureMode: true, AnnotationExcludeInboundPorts: true, AnnotationExcludeOutboundPorts: true,
+	AnnotationExcludeOutboundCIDRs: true, AnnotationDNSCapture: true, AnnotationInboundCapture: true,
+}
+
+// Options applies the pod's option annotations over base (which is not
+// modified). The values are parsed here; their meaning (port ranges,
+// CIDR forms, limits) is checked by the daemon like any request's.
+func Options(annotations map[string]string, base *nftredirv1.RedirectOptions) (*nftredirv1.RedirectOptions, error) {
+	o := &nftredirv1.RedirectOptions{}
+	if base != nil {
+		o = proto.Clone(base).(*nftredirv1.RedirectOptions)
+	}
+	var problems []string
+	bad := func(key, format string, args ...any) {
+		problems = append(problems, fmt.Sprintf("annotation %s: %s", key, fmt.Sprintf(format, args...)))
+	}
+	for key, v := range annotations {
+		if !strings.HasPrefix(key, annotationPrefix) {
+			continue
+		}
+		if !knownAnnotations[key] {
+			bad(key, "unknown; the options are %s", strings.Join(slices.Sorted(maps.Keys(knownAnnotations)), ", "))
+			continue
+		}
+		v = strings.TrimSpace(v)
+		switch key {
+		case AnnotationCaptureMode:
+			switch strings.ToLower(v) {
+			case "tproxy":
+				o.CaptureMode = nftredirv1.CaptureMode_CAPTURE_MODE_TPROXY
+			case "redirect":
+				o.CaptureMode = nftredirv1.CaptureMode_CAPTURE_MODE_REDIRECT
+			default:
+				bad(key, "%q is not a capture mode; use tproxy or redirect", v)
+			}
+		case AnnotationExcludeInboundPorts, AnnotationExcludeOutboundPorts:
+			ports, err := parsePorts(v)
+			if err != nil {
+				bad(key, "%v", err)
+				continue
+			}
+			if key == AnnotationExcludeInboundPorts {
+				o.ExcludeInboundPorts = ports
+			} else {
+				o.ExcludeOutboundPorts = ports
+			}
+		case AnnotationExcludeOutboundCIDRs:
+			var cidrs []string
+			for _, f := range splitList(v) {
+				if _, err := netip.ParsePrefix(f); err != nil {
+					if _, err := netip.ParseAddr(f); err != nil {
+						bad(key, "%q is not a CIDR or address (e.g. 10.0.0.0/8 or 169.254.169.254)", f)
+						continue
+					}
+				}
+				cidrs = append(cidrs, f)
+			}
+			o.ExcludeOutboundCidrs = cidrs
+		case AnnotationDNSCapture, AnnotationInboundCapture:
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				bad(key, "%q is not true or false", v)
+				continue
+			}
+			if key == AnnotationDNSCapture {
+				o.DnsCapture = &b
+			} else {
+				o.InboundCapture = &b
+			}
+		}
+	}
+	if len(problems) > 0 {
+		slices.Sort(problems) // map order is random; the message must not be
+		return nil, fmt.Errorf("%s", strings.Join(problems, "; "))
+	}
+	return o, nil
+}
+
+func parsePorts(v string) ([]uint32, error) {
+	var out []uint32
+	for _, f := range splitList(v) {
+		n, err := strconv.ParseUint(f, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a port number", f)
+		}
+		out = append(out, uint32(n))
+	}
+	return out, nil
+}
+
+// splitList reads a comma-separated annotation value; spaces around the
+// items are allowed, empty items are not kept.
+func splitList(v string) []string {
+	var out []string
+	for _, f := range strings.Split(v, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}

@@ -1,0 +1,215 @@
+package server
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/nftredir/nftredir/netns"
+	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+)
+
+// scriptedPolicy answers Admit with whatever the test sets, and records
+// what the server told it.
+type scriptedPolicy struct {
+	mu      sync.Mutex
+	admit   func(req *nftredirv1.AddPodRequest, id netns.ID) (Admission, error)
+	ids     []netns.ID
+	added   []string // "uid captured|uncaptured|error: code"
+	removed []string
+}
+
+func (p *scriptedPolicy) Admit(_ context.Context, req *nftredirv1.AddPodRequest, id netns.ID) (Admission, error) {
+	p.mu.Lock()
+	p.ids = append(p.ids, id)
+	f := p.admit
+	p.mu.Unlock()
+	return f(req, id)
+}
+
+func (p *scriptedPolicy) Added(req *nftredirv1.AddPodRequest, captured bool, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case err != nil:
+		p.added = append(p.added, req.GetPodUid()+" error: "+status.Code(err).String())
+	case captured:
+		p.added = append(p.added, req.GetPodUid()+" captured")
+	default:
+		p.added = append(p.added, req.GetPodUid()+" uncaptured")
+	}
+}
+
+func (p *scriptedPolicy) Removed(uid string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.removed = append(p.removed, uid)
+}
+
+func (p *scriptedPolicy) log() (added, removed []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.added...), append([]string(nil), p.removed...)
+}
+
+func withPolicy(p Policy) serverOpt { return func(c *Config) { c.Policy = p } }
+
+// fillIdentity is what a Kubernetes policy does: the caller's request with
+// name, namespace and service account from the API.
+func fillIdentity(req *nftredirv1.AddPodRequest, _ netns.ID) (Admission, error) {
+	out := proto.Clone(req).(*nftredirv1.AddPodRequest)
+	sa := "web-sa"
+	out.PodName, out.PodNamespace, out.ServiceAccount = "web", "shop", &sa
+	return Admission{Request: out}, nil
+}
+
+func TestPolicyFillsIdentity(t *testing.T) {
+	ns := newNetns(t)
+	pol := &scriptedPolicy{admit: fillIdentity}
+	ts := startServer(t, true, withPolicy(pol))
+	resp, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "uid-1", NetnsPath: ns.path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := resp.GetPod(); p.GetServiceAccount() != "web-sa" || p.GetPodName() != "web" || p.GetPodNamespace() != "shop" || resp.GetNotCapturedReason() != "" {
+		t.Fatalf("AddPod = %v; want the policy's identity", resp)
+	}
+	if !ns.hasTable(t) {
+		t.Fatal("admitted pod not captured")
+	}
+	if got := ts.get(t, "uid-1").GetPod().GetServiceAccount(); got != "web-sa" {
+		t.Errorf("GetPod service account %q", got)
+	}
+	h, err := netns.NewGuard()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nh, err := h.Open(ns.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nh.Close()
+	if len(pol.ids) != 1 || pol.ids[0] != nh.ID() {
+		t.Errorf("Admit saw namespaces %v, want [%v]", pol.ids, nh.ID())
+	}
+	if _, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "uid-1"}); err != nil {
+		t.Fatal(err)
+	}
+	added, removed := pol.log()
+	if strings.Join(added, ",") != "uid-1 captured" || strings.Join(removed, ",") != "uid-1" {
+		t.Errorf("policy heard added=%v removed=%v", added, removed)
+	}
+}
+
+func TestPolicyLeavesPodUncapturedAndReleasesIt(t *testing.T) {
+	ns := newNetns(t)
+	pol := &scriptedPolicy{admit: fillIdentity}
+	ts := startServer(t, true, withPolicy(pol))
+	if _, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "uid-2", NetnsPath: ns.path}); err != nil {
+		t.Fatal(err)
+	}
+	pol.mu.Lock()
+	pol.admit = func(*nftredirv1.AddPodRequest, netns.ID) (Admission, error) {
+		return Admission{NotCaptured: "namespace shop is not labelled"}, nil
+	}
+	pol.mu.Unlock()
+	resp, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "uid-2", NetnsPath: ns.path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetPod() != nil || resp.GetNotCapturedReason() != "namespace shop is not labelled" {
+		t.Fatalf("AddPod = %v; want not captured with the policy's reason", resp)
+	}
+	if ns.hasTable(t) {
+		t.Error("table left in a pod the policy no longer captures")
+	}
+	if len(ts.records(t)) != 0 {
+		t.Error("record left for an uncaptured pod")
+	}
+	if _, err := ts.api.GetPod(ctxT(t), &nftredirv1.GetPodRequest{PodUid: "uid-2"}); status.Code(err) != codes.NotFound {
+		t.Errorf("GetPod of an uncaptured pod: %v, want NotFound", err)
+	}
+	added, _ := pol.log()
+	if strings.Join(added, ",") != "uid-2 captured,uid-2 uncaptured" {
+		t.Errorf("policy heard %v", added)
+	}
+}
+
+func TestPolicyRefusalChangesNothing(t *testing.T) {
+	ns := newNetns(t)
+	tests := []struct {
+		name  string
+		admit func(*nftredirv1.AddPodRequest, netns.ID) (Admission, error)
+		code  codes.Code
+		msg   string
+	}{
+		{"policy error keeps its code", func(*nftredirv1.AddPodRequest, netns.ID) (Admission, error) {
+			return Admission{}, status.Error(codes.InvalidArgument, "pod shop/web: annotation nftredir.io/capture-mode: \"nat\" is not a capture mode")
+		}, codes.InvalidArgument, "nftredir.io/capture-mode"},
+		{"API unreachable", func(*nftredirv1.AddPodRequest, netns.ID) (Admission, error) {
+			return Admission{}, status.Error(codes.Unavailable, "look up pod shop/web: connection refused; retry")
+		}, codes.Unavailable, "connection refused"},
+		{"filled-in options are validated like a request's", func(req *nftredirv1.AddPodRequest, id netns.ID) (Admission, error) {
+			a, _ := fillIdentity(req, id)
+			a.Request.Options = &nftredirv1.RedirectOptions{ExcludeInboundPorts: []uint32{70000}}
+			return a, nil
+		}, codes.InvalidArgument, "pod shop/web: invalid request: options.exclude_inbound_ports: 70000 is not a port"},
+		{"policy may not change the key", func(req *nftredirv1.AddPodRequest, id netns.ID) (Admission, error) {
+			a, _ := fillIdentity(req, id)
+			a.Request.PodUid = "someone-else"
+			return a, nil
+		}, codes.Internal, "instead of"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pol := &scriptedPolicy{admit: tt.admit}
+			ts := startServer(t, true, withPolicy(pol))
+			_, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "uid-3", NetnsPath: ns.path})
+			if status.Code(err) != tt.code || !strings.Contains(status.Convert(err).Message(), tt.msg) {
+				t.Fatalf("AddPod = %v; want %v containing %q", err, tt.code, tt.msg)
+			}
+			if ns.hasTable(t) || len(ts.records(t)) != 0 {
+				t.Error("a refused AddPod changed something")
+			}
+			if added, _ := pol.log(); len(added) != 1 || !strings.HasPrefix(added[0], "uid-3 error: "+tt.code.String()) {
+				t.Errorf("policy heard %v", added)
+			}
+		})
+	}
+}
+
+func TestPolicyIsNotAskedAboutHostilePaths(t *testing.T) {
+	pol := &scriptedPolicy{admit: fillIdentity}
+	ts := startServer(t, true, withPolicy(pol))
+	_, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "uid-4", NetnsPath: "/etc/passwd"})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("AddPod of a non-namespace: %v", err)
+	}
+	if len(pol.ids) != 0 {
+		t.Error("the policy was asked about a path that is not a namespace")
+	}
+}
+
+func TestReleaseDoesNotTellThePolicy(t *testing.T) {
+	ns := newNetns(t)
+	pol := &scriptedPolicy{admit: fillIdentity}
+	ts := startServer(t, true, withPolicy(pol))
+	if _, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "uid-5", NetnsPath: ns.path}); err != nil {
+		t.Fatal(err)
+	}
+	existed, err := ts.srv.Release(ctxT(t), "uid-5")
+	if err != nil || !existed {
+		t.Fatalf("Release = %v, %v", existed, err)
+	}
+	if ns.hasTable(t) {
+		t.Error("table left after Release")
+	}
+	if _, removed := pol.log(); len(removed) != 0 {
+		t.Errorf("Release told the policy %v", removed)
+	}
+}
