@@ -22,8 +22,7 @@ import (
 const (
 	kubeDir   = "kubernetes"
 	namespace = "nftredir-system"
-	// rbacFile is the Kubernetes mode's (its own branch writes it); the
-	// kustomization lists it.
+	// rbacFile is the Kubernetes mode's ServiceAccount and ClusterRole.
 	rbacFile = "rbac.yaml"
 )
 
@@ -74,10 +73,6 @@ func loadManifests(t *testing.T) *manifests {
 	}
 	for _, res := range m.kust.Resources {
 		raw, err := os.ReadFile(filepath.Join(kubeDir, res))
-		if errors.Is(err, os.ErrNotExist) && res == rbacFile {
-			t.Logf("%s is not in this tree yet; its checks are skipped", rbacFile)
-			continue
-		}
 		if err != nil {
 			t.Fatalf("kustomization resource: %v", err)
 		}
@@ -137,11 +132,12 @@ func TestManifestsDecode(t *testing.T) {
 	if len(m.kust.Images) != 1 || m.kust.Images[0].Name != "nftredir" || m.kust.Images[0].NewTag != "dev" {
 		t.Errorf("kustomization images %+v", m.kust.Images)
 	}
-	if m.haveRBAC {
-		sa := m.daemonSets[0].Spec.Template.Spec.ServiceAccountName
-		if !slices.ContainsFunc(m.accounts, func(a corev1.ServiceAccount) bool { return a.Name == sa && a.Namespace == namespace }) {
-			t.Errorf("the DaemonSet's service account %s/%s is not in %s", namespace, sa, rbacFile)
-		}
+	if !m.haveRBAC {
+		t.Errorf("the kustomization does not list %s", rbacFile)
+	}
+	sa := m.daemonSets[0].Spec.Template.Spec.ServiceAccountName
+	if !slices.ContainsFunc(m.accounts, func(a corev1.ServiceAccount) bool { return a.Name == sa && a.Namespace == namespace }) {
+		t.Errorf("the DaemonSet's service account %s/%s is not in %s", namespace, sa, rbacFile)
 	}
 }
 
@@ -276,11 +272,6 @@ func labelsMatch(sel, labels map[string]string) bool {
 	return len(sel) > 0
 }
 
-// pendingFlags are daemon flags the manifests set that come with other
-// work (the Kubernetes mode, the metrics endpoint): tolerated, with a
-// note, while the daemon built here lacks them.
-var pendingFlags = []string{"NFTREDIR_KUBERNETES", "NFTREDIR_METRICS_ADDRESS"}
-
 var envInHelp = regexp.MustCompile(`\(env (NFTREDIR_[A-Z0-9_]+)`)
 
 func helpEnv(t *testing.T, bin string, args ...string) []string {
@@ -313,10 +304,6 @@ func TestConfigMapNamesRealFlags(t *testing.T) {
 	}
 	check := func(where, name string) {
 		if !strings.HasPrefix(name, "NFTREDIR_") || known[name] {
-			return
-		}
-		if slices.Contains(pendingFlags, name) {
-			t.Logf("%s: %s is not a flag of this tree's daemon yet", where, name)
 			return
 		}
 		t.Errorf("%s: %s is no flag's twin (see nftredird --help, nftredir-cni install --help)", where, name)
@@ -417,8 +404,7 @@ func TestInstallContainerEnvironment(t *testing.T) {
 }
 
 // TestKustomizeBuilds renders the kustomization as kubectl apply -k
-// would, when kubectl is installed. A missing rbac.yaml gets a stand-in
-// ServiceAccount, so the rest is still rendered.
+// would, when kubectl is installed.
 func TestKustomizeBuilds(t *testing.T) {
 	kubectl, err := exec.LookPath("kubectl")
 	if err != nil {
@@ -435,9 +421,6 @@ func TestKustomizeBuilds(t *testing.T) {
 			t.Fatal(err)
 		}
 		os.WriteFile(filepath.Join(dir, e.Name()), raw, 0o644)
-	}
-	if _, err := os.Stat(filepath.Join(dir, rbacFile)); errors.Is(err, os.ErrNotExist) {
-		os.WriteFile(filepath.Join(dir, rbacFile), []byte("apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: nftredir\n  namespace: nftredir-system\n"), 0o644)
 	}
 	out, err := exec.Command(kubectl, "kustomize", dir).CombinedOutput()
 	if err != nil {
