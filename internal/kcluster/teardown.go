@@ -29,6 +29,8 @@ func (c *Cluster) teardown() {
 	if t.Failed() {
 		c.dumpDiagnostics()
 	}
+	begin := time.Now()
+	defer func() { t.Logf("kcluster: torn down in %s", time.Since(begin).Round(time.Millisecond)) }()
 	var errs []error
 	note := func(err error) {
 		if err != nil {
@@ -44,6 +46,7 @@ func (c *Cluster) teardown() {
 		if !c.deleteAllPods(20 * time.Second) {
 			// A plugin that fails DEL (e.g. its daemon is already stopped)
 			// keeps pods Terminating: fall back to the bridge alone.
+			t.Logf("kcluster: pods left after 20s; deleting them with the bridge alone as the network")
 			if err := c.writeConflist(); err == nil {
 				c.deleteAllPods(15 * time.Second)
 			}
