@@ -8,12 +8,17 @@ export PATH := $(BIN):$(PATH)
 
 PKGS := ./...
 
-.PHONY: all build image test unit lint lint-go demo bench deps clean
+.PHONY: all build image test unit lint lint-go demo bench deps deps-k8s e2e-k8s clean
 
 all: build
 
 deps:
 	@hack/deps.sh
+
+# deps and the Kubernetes binaries of the cluster tests, cached once per
+# machine in /var/cache/nftredir (NFTREDIR_TOOLS_CACHE moves it).
+deps-k8s:
+	@NFTREDIR_DEPS_K8S=1 hack/deps.sh
 
 # Static binaries (no cgo, no libc): they run from a scratch image and on
 # any node, whatever its libc. The VCS stamp feeds --version: the
@@ -43,11 +48,15 @@ lint-go:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 
-# Every test, including the real-kernel ones (root). -p 1: the kernel
-# tests create namespaces and traffic; on 2 cores one package at a time is
-# faster and calmer than contention.
-test: deps lint-go build
+# Every test, including the real-kernel ones and the Kubernetes cluster
+# suite (root). -p 1: the kernel tests create namespaces and traffic; on 2
+# cores one package at a time is faster and calmer than contention.
+test: deps-k8s lint-go build
 	$(GO) test -p 1 -count=1 -timeout 15m $(PKGS)
+
+# The Kubernetes cluster suite alone (e2e's TestK8s*, see internal/kcluster).
+e2e-k8s: deps-k8s
+	$(GO) test -count=1 -timeout 15m -run '^TestK8s' -v ./e2e/
 
 # Pure tests only: no root, no kernel.
 unit:

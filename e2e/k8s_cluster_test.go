@@ -86,6 +86,9 @@ func TestK8sClusterSmoke(t *testing.T) {
 	w := newK8sWorld(t)
 	c := w.c
 	cl := w.daemon.client(t)
+	if n := c.WaitNodeReady(t); n.Status.NodeInfo.KubeletVersion != kcluster.KubeVersion {
+		t.Errorf("node runs kubelet %s, want %s", n.Status.NodeInfo.KubeletVersion, kcluster.KubeVersion)
+	}
 	ns := "smoke-" + strings.TrimPrefix(c.Netns.Name, nstest.NamePrefix)
 	c.CreateNamespace(t, ns, nil)
 

@@ -46,7 +46,7 @@ const (
 
 func startMeshCluster(t *testing.T) *meshCluster {
 	t.Helper()
-	c := kcluster.Start(t, kcluster.Options{})
+	c := startCluster(t)
 	bin := binaries(t)
 	c.InstallCNIPlugin(t, "nftredir-cni", bin.CNI)
 	c.CreateNamespace(t, "nftredir-system", nil)
@@ -237,10 +237,10 @@ func (m *meshCluster) waitEvent(t *testing.T, p *corev1.Pod, reason, text string
 	}
 }
 
-// TestKubernetes runs nftredird's Kubernetes mode in a real cluster: real
+// TestK8sKubernetesMode runs nftredird's Kubernetes mode in a real cluster: real
 // pods created by the kubelet through containerd and CNI, real TCP to
 // them, labels and deletions through the API.
-func TestKubernetes(t *testing.T) {
+func TestK8sKubernetesMode(t *testing.T) {
 	m := startMeshCluster(t)
 	m.CreateNamespace(t, "mesh", map[string]string{meshLabel: meshEnabled})
 	m.CreateNamespace(t, "plain", nil)

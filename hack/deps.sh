@@ -50,3 +50,9 @@ if [[ "${NFTREDIR_DEPS_CNI:-1}" == 1 ]]; then
 		install_tool "$p" "github.com/containernetworking/plugins/plugins/$mod" "$CNI_PLUGINS_VERSION"
 	done
 fi
+# The Kubernetes cluster tests' binaries (kube-apiserver, kubelet, ...,
+# etcd, containerd, runc), built once per machine into a cache outside the
+# clone; the first build takes several minutes. See hack/k8s-tools.sh.
+if [[ "${NFTREDIR_DEPS_K8S:-0}" == 1 ]]; then
+	hack/k8s-tools.sh >/dev/null
+fi

@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -25,7 +24,7 @@ func (c *Cluster) imageTar(tag string) string {
 func (c *Cluster) BuildStatic(pkg string) (string, error) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		return "", fmt.Errorf("building %s needs the go command on PATH: %w", pkg, err)
 	}
 	out := filepath.Join(c.Dir, "images", "bin", filepath.Base(pkg))
 	cmd := exec.Command(goBin, "build", "-trimpath", "-o", out, pkg)

@@ -150,6 +150,7 @@ func Start(t testing.TB, o Options) *Cluster {
 			t.Fatalf("CNI plugin %s is missing (%v); run hack/deps.sh (make deps) to build the reference plugins", p, err)
 		}
 	}
+	sweepStale(t, c.tools)
 	c.Netns = nstest.NewNetns(t)
 	// Short: unix socket paths must stay under 108 bytes.
 	if c.Dir, err = os.MkdirTemp("", "kcluster-"); err != nil {
@@ -160,6 +161,9 @@ func Start(t testing.TB, o Options) *Cluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.teardown)
+	if err := c.writeOwner(); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), startBudget)
 	defer cancel()
 	if err := c.start(ctx); err != nil {

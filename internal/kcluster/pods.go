@@ -224,3 +224,20 @@ func (c *Cluster) ServiceAccountKubeconfig(t testing.TB, namespace, name string)
 	}
 	return path
 }
+
+// WaitNodeReady waits until the node reports Ready and returns it.
+func (c *Cluster) WaitNodeReady(t testing.TB) *corev1.Node {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), DefaultTimeout)
+	defer cancel()
+	var n *corev1.Node
+	err := c.waitUntil(ctx, "node "+c.NodeName+" Ready", func(ctx context.Context) (bool, error) {
+		var err error
+		n, err = c.Client.CoreV1().Nodes().Get(ctx, c.NodeName, metav1.GetOptions{})
+		return err == nil && nodeReady(n), err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

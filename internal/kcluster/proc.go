@@ -45,7 +45,7 @@ func (c *Cluster) env() []string {
 	return env
 }
 
-// StartNodeProcess starts cmd (made by NodeCommand, or any command) in its
+// startProc starts cmd (made by NodeCommand, or any command) in its
 // own process group with its output appended to logPath. Pdeathsig makes a
 // test binary killed by its -timeout, which runs no cleanup, take the
 // process with it; the signal follows the thread that forked, so that

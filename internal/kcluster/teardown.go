@@ -3,6 +3,7 @@ package kcluster
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -29,6 +30,8 @@ func (c *Cluster) teardown() {
 	if t.Failed() {
 		c.dumpDiagnostics()
 	}
+	begin := time.Now()
+	defer func() { t.Logf("kcluster: torn down in %s", time.Since(begin).Round(time.Millisecond)) }()
 	var errs []error
 	note := func(err error) {
 		if err != nil {
@@ -44,6 +47,7 @@ func (c *Cluster) teardown() {
 		if !c.deleteAllPods(20 * time.Second) {
 			// A plugin that fails DEL (e.g. its daemon is already stopped)
 			// keeps pods Terminating: fall back to the bridge alone.
+			t.Logf("kcluster: pods left after 20s; deleting them with the bridge alone as the network")
 			if err := c.writeConflist(); err == nil {
 				c.deleteAllPods(15 * time.Second)
 			}
@@ -186,11 +190,15 @@ func (c *Cluster) killShims() {
 }
 
 // deleteRuncContainers kills and deletes every container in this
-// cluster's runc state root, which also removes their cgroups.
+// cluster's runc state root, which also removes their cgroups, and then
+// the pod network namespace pins (/var/run/netns/cni-*) those containers
+// were in, found by namespace identity: nothing else is left to remove
+// them when containerd died without doing so.
 func (c *Cluster) deleteRuncContainers() {
 	if c.runcRoot == "" {
 		return
 	}
+	netns := map[uint64]bool{}
 	nsDirs, _ := os.ReadDir(c.runcRoot)
 	for _, nd := range nsDirs {
 		root := filepath.Join(c.runcRoot, nd.Name())
@@ -199,8 +207,25 @@ func (c *Cluster) deleteRuncContainers() {
 			if !id.IsDir() {
 				continue
 			}
+			if out, err := exec.Command(c.bin("runc"), "--root", root, "state", id.Name()).Output(); err == nil {
+				var st struct{ Pid int }
+				if json.Unmarshal(out, &st) == nil && st.Pid > 0 {
+					var fi unix.Stat_t
+					if unix.Stat(fmt.Sprintf("/proc/%d/ns/net", st.Pid), &fi) == nil {
+						netns[fi.Ino] = true
+					}
+				}
+			}
 			exec.Command(c.bin("runc"), "--root", root, "kill", id.Name(), "KILL").Run()
 			exec.Command(c.bin("runc"), "--root", root, "delete", "--force", id.Name()).Run()
+		}
+	}
+	pins, _ := filepath.Glob("/var/run/netns/cni-*")
+	for _, pin := range pins {
+		var fi unix.Stat_t
+		if unix.Stat(pin, &fi) == nil && netns[fi.Ino] {
+			unix.Unmount(pin, unix.MNT_DETACH)
+			os.Remove(pin)
 		}
 	}
 }
