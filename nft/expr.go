@@ -19,7 +19,7 @@ type part struct {
 }
 
 func rule(parts ...part) Rule {
-	var r Rule
+	r := Rule{parts: parts}
 	for i, p := range parts {
 		r.Exprs = append(r.Exprs, p.exprs...)
 		if i > 0 {

@@ -59,6 +59,9 @@ func TestBuildGolden(t *testing.T) {
 				t.Fatal(err)
 			}
 			golden.Check(t, tc.name, rs.String())
+			// The text does not pin the bytecode down (an offset or a
+			// register can change under the same words); this does.
+			golden.Check(t, tc.name+".bytecode", rs.Bytecode())
 		})
 	}
 }

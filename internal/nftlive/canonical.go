@@ -1,0 +1,146 @@
+package nftlive
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Attribute numbers the x/sys version in use does not name.
+const (
+	nftaBitwiseOp   = 6 // NFTA_BITWISE_OP
+	nftaBitwiseData = 7 // NFTA_BITWISE_DATA
+	nftaSocketKey   = 1 // NFTA_SOCKET_KEY
+	nftaSocketLevel = 3 // NFTA_SOCKET_LEVEL
+	nftSocketCgroup = 3 // NFT_SOCKET_CGROUPV2
+
+	typeMask = ^uint16(unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER)
+)
+
+// nested lists, per expression, the attributes that hold nested data
+// (struct nft_data: NFTA_DATA_VALUE or NFTA_DATA_VERDICT).
+var nested = map[string][]uint16{
+	"cmp":       {unix.NFTA_CMP_DATA},
+	"immediate": {unix.NFTA_IMMEDIATE_DATA},
+	"bitwise":   {unix.NFTA_BITWISE_MASK, unix.NFTA_BITWISE_XOR, nftaBitwiseData},
+	"range":     {unix.NFTA_RANGE_FROM_DATA, unix.NFTA_RANGE_TO_DATA},
+}
+
+// Canonical returns e in a form in which the library's encoding of an
+// expression and the kernel's report of the expression it installed are
+// equal exactly when they are the same expression. It undoes only what the
+// kernel itself changes between what it is sent and what it dumps:
+//
+//   - nests: the kernel dumps nested attributes without NLA_F_NESTED
+//     (nla_nest_start_noflag), the library sets it; the flag bits are
+//     dropped from every attribute type;
+//   - order: each expression's dump function emits its attributes in its
+//     own order, which need not be the order they were sent in; netlink
+//     attributes are keyed by type, so they are sorted by type;
+//   - bitwise: without NFTA_BITWISE_OP the kernel takes the boolean
+//     (mask and xor) operation and dumps it; an absent op is that op;
+//   - redir: without NFTA_REDIR_REG_PROTO_MAX the kernel takes the
+//     minimum's register as the maximum and dumps both;
+//   - socket: NFTA_SOCKET_LEVEL only means something for the cgroupv2
+//     key and is dumped only for it; the library always sends it.
+//
+// Everything else (every register, key, offset, length, value, verdict
+// and the expression's name) must be byte-identical. Data that does not
+// parse as attributes is compared as it is.
+func Canonical(e Expr) string {
+	attrs, err := netlink.UnmarshalAttributes(e.Data)
+	if err != nil {
+		return e.Name + "\x00!" + string(e.Data)
+	}
+	for i := range attrs {
+		attrs[i].Type &= typeMask
+		if slices.Contains(nested[e.Name], attrs[i].Type) {
+			attrs[i].Data = canonicalData(attrs[i].Data)
+		}
+	}
+	attrs = kernelDefaults(e.Name, attrs)
+	slices.SortStableFunc(attrs, func(a, b netlink.Attribute) int { return int(a.Type) - int(b.Type) })
+	b, err := netlink.MarshalAttributes(attrs)
+	if err != nil {
+		return e.Name + "\x00!" + string(e.Data)
+	}
+	return e.Name + "\x00" + string(b)
+}
+
+// canonicalData canonicalises a struct nft_data: a value, or a verdict
+// (code and, for jumps, chain) nested once more.
+func canonicalData(b []byte) []byte {
+	attrs, err := netlink.UnmarshalAttributes(b)
+	if err != nil {
+		return b
+	}
+	for i := range attrs {
+		attrs[i].Type &= typeMask
+		if attrs[i].Type == unix.NFTA_DATA_VERDICT {
+			attrs[i].Data = canonicalData(attrs[i].Data)
+		}
+	}
+	slices.SortStableFunc(attrs, func(a, b netlink.Attribute) int { return int(a.Type) - int(b.Type) })
+	out, err := netlink.MarshalAttributes(attrs)
+	if err != nil {
+		return b
+	}
+	return out
+}
+
+func find(attrs []netlink.Attribute, typ uint16) int {
+	return slices.IndexFunc(attrs, func(a netlink.Attribute) bool { return a.Type == typ })
+}
+
+// kernelDefaults brings attrs to the form the kernel dumps (see Canonical).
+func kernelDefaults(name string, attrs []netlink.Attribute) []netlink.Attribute {
+	switch name {
+	case "bitwise":
+		if find(attrs, nftaBitwiseOp) < 0 {
+			attrs = append(attrs, netlink.Attribute{Type: nftaBitwiseOp, Data: binary.BigEndian.AppendUint32(nil, unix.NFT_BITWISE_BOOL)})
+		}
+	case "redir":
+		if i := find(attrs, unix.NFTA_REDIR_REG_PROTO_MIN); i >= 0 && find(attrs, unix.NFTA_REDIR_REG_PROTO_MAX) < 0 {
+			attrs = append(attrs, netlink.Attribute{Type: unix.NFTA_REDIR_REG_PROTO_MAX, Data: attrs[i].Data})
+		}
+	case "socket":
+		if k := find(attrs, nftaSocketKey); k >= 0 && !slices.Equal(attrs[k].Data, binary.BigEndian.AppendUint32(nil, nftSocketCgroup)) {
+			if i := find(attrs, nftaSocketLevel); i >= 0 {
+				attrs = slices.Delete(attrs, i, i+1)
+			}
+		}
+	}
+	return attrs
+}
+
+// CanonicalAll is Canonical of every expression of a rule.
+func CanonicalAll(es []Expr) []string {
+	out := make([]string, len(es))
+	for i, e := range es {
+		out[i] = Canonical(e)
+	}
+	return out
+}
+
+// Raw renders an expression nobody recognised, so a listing shows that it
+// is there and what it holds: its name and its attributes (type=hex).
+func Raw(e Expr) string {
+	var sb strings.Builder
+	sb.WriteString("[expr ")
+	sb.WriteString(e.Name)
+	attrs, err := netlink.UnmarshalAttributes(e.Data)
+	if err != nil {
+		sb.WriteString(" " + hex.EncodeToString(e.Data) + "]")
+		return sb.String()
+	}
+	for _, a := range attrs {
+		fmt.Fprintf(&sb, " %d=%x", a.Type&typeMask, a.Data)
+	}
+	sb.WriteString("]")
+	return sb.String()
+}
