@@ -47,7 +47,13 @@ var nested = map[string][]uint16{
 //   - redir: without NFTA_REDIR_REG_PROTO_MAX the kernel takes the
 //     minimum's register as the maximum and dumps both;
 //   - socket: NFTA_SOCKET_LEVEL only means something for the cgroupv2
-//     key and is dumped only for it; the library always sends it.
+//     key and is dumped only for it; the library always sends it;
+//   - lookup: NFTA_LOOKUP_SET_ID is a batch-local reference to a set
+//     created in the same batch, which the kernel resolves to the named
+//     set and never dumps (the library always sends it); an absent
+//     NFTA_LOOKUP_FLAGS is 0, which the kernel dumps;
+//   - nat: with an address register the kernel sets NF_NAT_RANGE_MAP_IPS
+//     in the flags it dumps.
 //
 // Everything else (every register, key, offset, length, value, verdict
 // and the expression's name) must be byte-identical. Data that does not
@@ -107,6 +113,27 @@ func kernelDefaults(name string, attrs []netlink.Attribute) []netlink.Attribute 
 	case "redir":
 		if i := find(attrs, unix.NFTA_REDIR_REG_PROTO_MIN); i >= 0 && find(attrs, unix.NFTA_REDIR_REG_PROTO_MAX) < 0 {
 			attrs = append(attrs, netlink.Attribute{Type: unix.NFTA_REDIR_REG_PROTO_MAX, Data: attrs[i].Data})
+		}
+	case "lookup":
+		if i := find(attrs, unix.NFTA_LOOKUP_SET_ID); i >= 0 {
+			attrs = slices.Delete(attrs, i, i+1)
+		}
+		if find(attrs, unix.NFTA_LOOKUP_FLAGS) < 0 {
+			attrs = append(attrs, netlink.Attribute{Type: unix.NFTA_LOOKUP_FLAGS, Data: binary.BigEndian.AppendUint32(nil, 0)})
+		}
+	case "nat":
+		if find(attrs, unix.NFTA_NAT_REG_ADDR_MIN) >= 0 {
+			var flags uint32
+			i := find(attrs, unix.NFTA_NAT_FLAGS)
+			if i >= 0 && len(attrs[i].Data) == 4 {
+				flags = binary.BigEndian.Uint32(attrs[i].Data)
+			}
+			data := binary.BigEndian.AppendUint32(nil, flags|unix.NF_NAT_RANGE_MAP_IPS)
+			if i >= 0 {
+				attrs[i].Data = data
+			} else {
+				attrs = append(attrs, netlink.Attribute{Type: unix.NFTA_NAT_FLAGS, Data: data})
+			}
 		}
 	case "socket":
 		if k := find(attrs, nftaSocketKey); k >= 0 && !slices.Equal(attrs[k].Data, binary.BigEndian.AppendUint32(nil, nftSocketCgroup)) {
