@@ -222,14 +222,22 @@ func (b *builder) manglePrerouting() {
 			// proxy's upstream connections, the app's existing ones).
 			// nft: ct state established,related accept
 			rule(ctStateIs(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED, "established,related"), accept()),
-			// Tunnel traffic goes to the proxy's HBONE listener.
-			// nft: tcp dport 15008 meta mark & 0x00000fff != 0x00000539 tproxy to :15008 meta mark set ... accept
-			rule(portMatch(unix.IPPROTO_TCP, "tcp", s.InboundHBONEPort, false), markIs(s.ProxyMark, false),
-				tproxyTo(s.InboundHBONEPort), setMark(s.TProxyMark), accept()),
-			// Everything else inbound goes to the plaintext listener.
-			// nft: meta l4proto tcp meta mark & 0x00000fff != 0x00000539 tproxy to :15006 meta mark set ... accept
-			rule(l4proto(unix.IPPROTO_TCP, "tcp"), markIs(s.ProxyMark, false),
-				tproxyTo(s.InboundPort), setMark(s.TProxyMark), accept()),
+		)
+		// Tunnel traffic goes to the proxy's HBONE listener, one rule per
+		// family when there is a target address (tproxy takes the
+		// address of one family; for the other it does not match).
+		// nft: tcp dport 15008 meta mark & 0x00000fff != 0x00000539 tproxy ip to 127.0.0.1:15008 meta mark set ... accept
+		for _, t := range b.tproxyTargets() {
+			rules = append(rules, rule(portMatch(unix.IPPROTO_TCP, "tcp", s.InboundHBONEPort, false), markIs(s.ProxyMark, false),
+				tproxyTo(t, s.InboundHBONEPort), setMark(s.TProxyMark), accept()))
+		}
+		// Everything else inbound goes to the plaintext listener.
+		// nft: meta l4proto tcp meta mark & 0x00000fff != 0x00000539 tproxy ip to 127.0.0.1:15006 meta mark set ... accept
+		for _, t := range b.tproxyTargets() {
+			rules = append(rules, rule(l4proto(unix.IPPROTO_TCP, "tcp"), markIs(s.ProxyMark, false),
+				tproxyTo(t, s.InboundPort), setMark(s.TProxyMark), accept()))
+		}
+		rules = append(rules,
 			// tproxy only matches when a transparent listener exists; with
 			// the proxy down or restarting, new connections would otherwise
 			// reach the app uncaptured. Dropping them fails closed: the
@@ -241,6 +249,21 @@ func (b *builder) manglePrerouting() {
 		)
 	}
 	b.chain(manglePrerouting, rules...)
+}
+
+// tproxyTargets lists the tproxy rules' targets: one without family when
+// neither family has an address (the kernel then uses the packet's own
+// family), else one per captured family.
+func (b *builder) tproxyTargets() []tproxyTarget {
+	s := b.spec
+	if !s.TProxyAddrV4.IsValid() && !s.TProxyAddrV6.IsValid() {
+		return []tproxyTarget{{family: unix.NFPROTO_UNSPEC}}
+	}
+	out := []tproxyTarget{{family: unix.NFPROTO_IPV4, addr: s.TProxyAddrV4}}
+	if s.IPv6 {
+		out = append(out, tproxyTarget{family: unix.NFPROTO_IPV6, addr: s.TProxyAddrV6})
+	}
+	return out
 }
 
 func (b *builder) mangleOutput() {

@@ -3,6 +3,7 @@ package nft_test
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -63,6 +64,8 @@ func TestVerifySeesCaptureRuleEdited(t *testing.T) {
 	requireRoot(t)
 	redirect := nft.DefaultSpec("0b6f3c1e-pod")
 	redirect.Mode = nft.ModeRedirect
+	destination := nft.DefaultSpec("0b6f3c1e-pod")
+	destination.TProxyAddrV4, destination.TProxyAddrV6 = netip.Addr{}, netip.Addr{}
 	for _, tc := range []struct {
 		name  string
 		spec  nft.Spec
@@ -70,8 +73,11 @@ func TestVerifySeesCaptureRuleEdited(t *testing.T) {
 		rule  string // a substring of the rule's text
 	}{
 		{"outbound redirect", nft.DefaultSpec("0b6f3c1e-pod"), "nat-output", "redirect to :15001"},
-		{"inbound tproxy", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", "tproxy to :15006"},
-		{"inbound HBONE tproxy", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", "tproxy to :15008"},
+		{"inbound tproxy", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", "tproxy ip to 127.0.0.1:15006"},
+		{"inbound tproxy v6", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", "tproxy ip6 to [::1]:15006"},
+		{"inbound HBONE tproxy", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", "tproxy ip to 127.0.0.1:15008"},
+		{"inbound HBONE tproxy v6", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", "tproxy ip6 to [::1]:15008"},
+		{"inbound tproxy to destination", destination, "mangle-prerouting", "tproxy to :15006"},
 		{"inbound fail-closed drop", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", "meta l4proto tcp drop"},
 		{"REDIRECT-mode inbound nat", redirect, "nat-prerouting", "redirect to :15006"},
 		{"REDIRECT-mode outbound", redirect, "nat-output", "redirect to :15001"},
