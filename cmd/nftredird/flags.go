@@ -64,6 +64,8 @@ type options struct {
 	rulePriority int
 	probeV4      addrValue
 	probeV6      addrValue
+	tproxyV4     addrValue
+	tproxyV6     addrValue
 
 	// Derived by check.
 	spec    nft.Spec
@@ -106,6 +108,8 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 		tproxyMark: markValue{Value: 0x111, Mask: 0xfff},
 		probeV4:    addrValue{netip.MustParseAddr("169.254.7.127")},
 		probeV6:    addrValue{netip.MustParseAddr("fd16:9254:7127:1337:ffff:ffff:ffff:ffff")},
+		tproxyV4:   addrValue{nft.DefaultTProxyAddrV4},
+		tproxyV6:   addrValue{nft.DefaultTProxyAddrV6},
 	}
 	fs := flag.NewFlagSet("nftredird", flag.ContinueOnError)
 	// The flag package prints errors and usage itself; keep it quiet and
@@ -140,6 +144,8 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.IntVar(&o.rulePriority, "rule-priority", 32764, "`priority` of the fwmark ip rule")
 	fs.Var(&o.probeV4, "probe-source-v4", "kubelet probe source `address` (SNATed on the node) that bypasses capture; empty disables")
 	fs.Var(&o.probeV6, "probe-source-v6", "IPv6 kubelet probe source `address`; empty disables")
+	fs.Var(&o.tproxyV4, "tproxy-ipv4", "default `address` TPROXY mode hands inbound TCP to, where the proxy's transparent listeners are looked up (loopback serves loopback-bound and wildcard listeners); empty: none, only wildcard listeners are reached")
+	fs.Var(&o.tproxyV6, "tproxy-ipv6", "default IPv6 TPROXY target `address`; empty: none")
 	fs.Usage = func() {}
 	for {
 		if err := fs.Parse(args); err != nil {
@@ -254,6 +260,8 @@ func (o *options) check() error {
 		TProxyMark:       nft.Mark(o.tproxyMark),
 		ProbeSourceV4:    o.probeV4.Addr,
 		ProbeSourceV6:    o.probeV6.Addr,
+		TProxyAddrV4:     o.tproxyV4.Addr,
+		TProxyAddrV6:     o.tproxyV6.Addr,
 		CaptureDNS:       o.dnsCapture,
 		IPv6:             o.ipv6,
 	}
