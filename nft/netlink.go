@@ -172,8 +172,9 @@ func ruleMatches(lr *nftlive.Rule, want *Rule, comment string) bool {
 	if lr.Comment != comment || len(lr.Exprs) != len(want.canon) {
 		return false
 	}
+	var buf []byte
 	for i, e := range lr.Exprs {
-		if nftlive.Canonical(e) != want.canon[i] {
+		if buf = nftlive.AppendCanonical(buf[:0], e); string(buf) != want.canon[i] {
 			return false
 		}
 	}

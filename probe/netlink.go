@@ -113,8 +113,9 @@ func (l *live) rulesOK(rs *Ruleset) bool {
 		if r.Comment != rs.Comment() || len(r.Exprs) != len(want) {
 			return false
 		}
+		var buf []byte
 		for j, e := range r.Exprs {
-			if nftlive.Canonical(e) != want[j] {
+			if buf = nftlive.AppendCanonical(buf[:0], e); string(buf) != want[j] {
 				return false
 			}
 		}

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -58,85 +57,91 @@ var nested = map[string][]uint16{
 // Everything else (every register, key, offset, length, value, verdict
 // and the expression's name) must be byte-identical. Data that does not
 // parse as attributes is compared as it is.
-func Canonical(e Expr) string {
-	attrs, err := netlink.UnmarshalAttributes(e.Data)
-	if err != nil {
-		return e.Name + "\x00!" + string(e.Data)
+func Canonical(e Expr) string { return string(AppendCanonical(nil, e)) }
+
+// AppendCanonical appends Canonical(e) to out, for comparing without an
+// allocation per expression.
+func AppendCanonical(out []byte, e Expr) []byte {
+	var buf [12]tlv
+	out = append(append(out, e.Name...), 0)
+	attrs, ok := parseTLVs(e.Data, buf[:0])
+	if !ok {
+		return append(append(out, '!'), e.Data...)
 	}
 	for i := range attrs {
-		attrs[i].Type &= typeMask
-		if slices.Contains(nested[e.Name], attrs[i].Type) {
-			attrs[i].Data = canonicalData(attrs[i].Data)
+		attrs[i].typ &= typeMask
+		if slices.Contains(nested[e.Name], attrs[i].typ) {
+			attrs[i].data = canonicalData(attrs[i].data, nil)
 		}
 	}
 	attrs = kernelDefaults(e.Name, attrs)
-	slices.SortStableFunc(attrs, func(a, b netlink.Attribute) int { return int(a.Type) - int(b.Type) })
-	b, err := netlink.MarshalAttributes(attrs)
-	if err != nil {
-		return e.Name + "\x00!" + string(e.Data)
-	}
-	return e.Name + "\x00" + string(b)
-}
-
-// canonicalData canonicalises a struct nft_data: a value, or a verdict
-// (code and, for jumps, chain) nested once more.
-func canonicalData(b []byte) []byte {
-	attrs, err := netlink.UnmarshalAttributes(b)
-	if err != nil {
-		return b
-	}
-	for i := range attrs {
-		attrs[i].Type &= typeMask
-		if attrs[i].Type == unix.NFTA_DATA_VERDICT {
-			attrs[i].Data = canonicalData(attrs[i].Data)
-		}
-	}
-	slices.SortStableFunc(attrs, func(a, b netlink.Attribute) int { return int(a.Type) - int(b.Type) })
-	out, err := netlink.MarshalAttributes(attrs)
-	if err != nil {
-		return b
+	sortTLVs(attrs)
+	for _, a := range attrs {
+		out = appendTLV(out, a.typ, a.data)
 	}
 	return out
 }
 
-func find(attrs []netlink.Attribute, typ uint16) int {
-	return slices.IndexFunc(attrs, func(a netlink.Attribute) bool { return a.Type == typ })
+// canonicalData canonicalises a struct nft_data (a value, or a verdict:
+// code and, for jumps, chain, nested once more) into out.
+func canonicalData(b, out []byte) []byte {
+	var buf [4]tlv
+	attrs, ok := parseTLVs(b, buf[:0])
+	if !ok {
+		return b
+	}
+	for i := range attrs {
+		attrs[i].typ &= typeMask
+		if attrs[i].typ == unix.NFTA_DATA_VERDICT {
+			attrs[i].data = canonicalData(attrs[i].data, nil)
+		}
+	}
+	sortTLVs(attrs)
+	for _, a := range attrs {
+		out = appendTLV(out, a.typ, a.data)
+	}
+	return out
 }
 
+func find(attrs []tlv, typ uint16) int {
+	return slices.IndexFunc(attrs, func(a tlv) bool { return a.typ == typ })
+}
+
+func be32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
+
 // kernelDefaults brings attrs to the form the kernel dumps (see Canonical).
-func kernelDefaults(name string, attrs []netlink.Attribute) []netlink.Attribute {
+func kernelDefaults(name string, attrs []tlv) []tlv {
 	switch name {
 	case "bitwise":
 		if find(attrs, nftaBitwiseOp) < 0 {
-			attrs = append(attrs, netlink.Attribute{Type: nftaBitwiseOp, Data: binary.BigEndian.AppendUint32(nil, unix.NFT_BITWISE_BOOL)})
+			attrs = append(attrs, tlv{nftaBitwiseOp, be32(unix.NFT_BITWISE_BOOL)})
 		}
 	case "redir":
 		if i := find(attrs, unix.NFTA_REDIR_REG_PROTO_MIN); i >= 0 && find(attrs, unix.NFTA_REDIR_REG_PROTO_MAX) < 0 {
-			attrs = append(attrs, netlink.Attribute{Type: unix.NFTA_REDIR_REG_PROTO_MAX, Data: attrs[i].Data})
+			attrs = append(attrs, tlv{unix.NFTA_REDIR_REG_PROTO_MAX, attrs[i].data})
 		}
 	case "lookup":
 		if i := find(attrs, unix.NFTA_LOOKUP_SET_ID); i >= 0 {
 			attrs = slices.Delete(attrs, i, i+1)
 		}
 		if find(attrs, unix.NFTA_LOOKUP_FLAGS) < 0 {
-			attrs = append(attrs, netlink.Attribute{Type: unix.NFTA_LOOKUP_FLAGS, Data: binary.BigEndian.AppendUint32(nil, 0)})
+			attrs = append(attrs, tlv{unix.NFTA_LOOKUP_FLAGS, be32(0)})
 		}
 	case "nat":
 		if find(attrs, unix.NFTA_NAT_REG_ADDR_MIN) >= 0 {
 			var flags uint32
 			i := find(attrs, unix.NFTA_NAT_FLAGS)
-			if i >= 0 && len(attrs[i].Data) == 4 {
-				flags = binary.BigEndian.Uint32(attrs[i].Data)
+			if i >= 0 && len(attrs[i].data) == 4 {
+				flags = binary.BigEndian.Uint32(attrs[i].data)
 			}
-			data := binary.BigEndian.AppendUint32(nil, flags|unix.NF_NAT_RANGE_MAP_IPS)
 			if i >= 0 {
-				attrs[i].Data = data
+				attrs[i].data = be32(flags | unix.NF_NAT_RANGE_MAP_IPS)
 			} else {
-				attrs = append(attrs, netlink.Attribute{Type: unix.NFTA_NAT_FLAGS, Data: data})
+				attrs = append(attrs, tlv{unix.NFTA_NAT_FLAGS, be32(unix.NF_NAT_RANGE_MAP_IPS)})
 			}
 		}
 	case "socket":
-		if k := find(attrs, nftaSocketKey); k >= 0 && !slices.Equal(attrs[k].Data, binary.BigEndian.AppendUint32(nil, nftSocketCgroup)) {
+		if k := find(attrs, nftaSocketKey); k >= 0 && !slices.Equal(attrs[k].data, be32(nftSocketCgroup)) {
 			if i := find(attrs, nftaSocketLevel); i >= 0 {
 				attrs = slices.Delete(attrs, i, i+1)
 			}
@@ -160,13 +165,13 @@ func Raw(e Expr) string {
 	var sb strings.Builder
 	sb.WriteString("[expr ")
 	sb.WriteString(e.Name)
-	attrs, err := netlink.UnmarshalAttributes(e.Data)
-	if err != nil {
+	attrs, ok := parseTLVs(e.Data, nil)
+	if !ok {
 		sb.WriteString(" " + hex.EncodeToString(e.Data) + "]")
 		return sb.String()
 	}
 	for _, a := range attrs {
-		fmt.Fprintf(&sb, " %d=%x", a.Type&typeMask, a.Data)
+		fmt.Fprintf(&sb, " %d=%x", a.typ&typeMask, a.data)
 	}
 	sb.WriteString("]")
 	return sb.String()

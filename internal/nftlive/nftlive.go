@@ -273,19 +273,21 @@ func decodeRule(m netlink.Message) (*Rule, string, string, error) {
 		case unix.NFTA_RULE_USERDATA:
 			r.Comment, _ = userdata.GetString(ad.Bytes(), userdata.TypeComment)
 		case unix.NFTA_RULE_EXPRESSIONS:
-			ad.Nested(func(lad *netlink.AttributeDecoder) error {
-				for lad.Next() {
-					if lad.Type() != unix.NFTA_LIST_ELEM {
-						continue
-					}
-					e, err := decodeExpr(lad.Bytes())
-					if err != nil {
-						return err
-					}
-					r.Exprs = append(r.Exprs, e)
+			elems, ok := parseTLVs(ad.Bytes(), nil)
+			if !ok {
+				return nil, "", "", errors.New("malformed rule expressions")
+			}
+			r.Exprs = make([]Expr, 0, len(elems))
+			for _, el := range elems {
+				if el.typ&typeMask != unix.NFTA_LIST_ELEM {
+					continue
 				}
-				return nil
-			})
+				e, err := decodeExpr(el.data)
+				if err != nil {
+					return nil, "", "", err
+				}
+				r.Exprs = append(r.Exprs, e)
+			}
 		}
 	}
 	return r, table, chain, ad.Err()
@@ -293,20 +295,21 @@ func decodeRule(m netlink.Message) (*Rule, string, string, error) {
 
 // decodeExpr splits one NFTA_LIST_ELEM into name and raw data.
 func decodeExpr(b []byte) (Expr, error) {
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return Expr{}, err
+	var buf [2]tlv
+	attrs, ok := parseTLVs(b, buf[:0])
+	if !ok {
+		return Expr{}, errors.New("malformed expression")
 	}
 	var e Expr
-	for ad.Next() {
-		switch ad.Type() {
+	for _, a := range attrs {
+		switch a.typ & typeMask {
 		case unix.NFTA_EXPR_NAME:
-			e.Name = ad.String()
+			e.Name = exprName(a.data)
 		case unix.NFTA_EXPR_DATA:
-			e.Data = ad.Bytes()
+			e.Data = a.data
 		}
 	}
-	return e, ad.Err()
+	return e, nil
 }
 
 // Encode is the library's encoding of exprs, split the way the kernel
