@@ -638,6 +638,23 @@ func ruleHandles(t *testing.T, p *pod, chain string) []string {
 	return hs
 }
 
+var commentRE = regexp.MustCompile(`comment ("[^"]*")`)
+
+// editInPlace replaces the first rule of chain whose text contains sub
+// with "meta l4proto tcp accept", keeping its comment.
+func editInPlace(t *testing.T, p *pod, chain, sub string) {
+	t.Helper()
+	for _, l := range strings.Split(p.Pod.Nft(t, "-a", "list", "chain", "inet", nftTable, chain), "\n") {
+		h := handleRE.FindStringSubmatch(l)
+		c := commentRE.FindStringSubmatch(l)
+		if h != nil && c != nil && strings.Contains(l, sub) {
+			p.Pod.Nft(t, "replace", "rule", "inet", nftTable, chain, "handle", h[1], "meta", "l4proto", "tcp", "accept", "comment", c[1])
+			return
+		}
+	}
+	t.Fatalf("no rule with %q in chain %s", sub, chain)
+}
+
 func TestTamperRestored(t *testing.T) {
 	nstest.RequirePrivileged(t)
 	for _, tc := range []struct {
@@ -658,6 +675,20 @@ func TestTamperRestored(t *testing.T) {
 		{"rule replaced", func(t *testing.T, p *pod) {
 			hs := ruleHandles(t, p, "nat-output")
 			p.Pod.Nft(t, "replace", "rule", "inet", nftTable, "nat-output", "handle", hs[len(hs)-1], "meta l4proto tcp accept")
+		}, nft.StatusDrifted},
+		// The same position and comment, but "meta l4proto tcp accept"
+		// in place of the capture: only the expressions tell.
+		{"outbound rule edited in place", func(t *testing.T, p *pod) {
+			editInPlace(t, p, "nat-output", "redirect to :15001")
+			p.expect(t, p.Pod, p.to(p.a.Peer, serverPort), server)
+		}, nft.StatusDrifted},
+		{"inbound rule edited in place", func(t *testing.T, p *pod) {
+			chain := "mangle-prerouting"
+			if p.v.mode == nft.ModeRedirect {
+				chain = "nat-prerouting"
+			}
+			editInPlace(t, p, chain, ":15006")
+			p.expect(t, p.Peer, p.to(p.a.Pod, appPort), app)
 		}, nft.StatusDrifted},
 		{"chain flushed", func(t *testing.T, p *pod) {
 			p.Pod.Nft(t, "flush", "chain", "inet", nftTable, "nat-output")

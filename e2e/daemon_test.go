@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -119,6 +120,9 @@ type tamperCase struct {
 	from             func(p *pod) *nstest.Netns
 	probe            nstest.Dial
 	broken, repaired string
+	// live, if set, is a line GetPod's live_ruleset must show after the
+	// damage: the kernel's rule, not the one recorded.
+	live *regexp.Regexp
 }
 
 var tamperCases = []tamperCase{
@@ -132,13 +136,13 @@ var tamperCases = []tamperCase{
 		repaired: nstest.ProxyInbound,
 	},
 	{
-		// The last two rules of mangle-prerouting are the catch-all tproxy
-		// to the inbound port and the fail-closed drop behind it; without
-		// them inbound reaches the app directly.
+		// The last rules of mangle-prerouting are the catch-all tproxy to
+		// the inbound port (one per family) and the fail-closed drop
+		// behind them; without them inbound reaches the app directly.
 		name: "rules deleted",
 		tamper: func(t *testing.T, p *pod) {
 			hs := ruleHandles(t, p, "mangle-prerouting")
-			for _, h := range hs[len(hs)-2:] {
+			for _, h := range hs[len(hs)-3:] {
 				p.Pod.Nft(t, "delete", "rule", "inet", nftTable, "mangle-prerouting", "handle", h)
 			}
 		},
@@ -156,6 +160,18 @@ var tamperCases = []tamperCase{
 		probe:    nstest.Dial{Network: "tcp4", To: netip.AddrPortFrom(nstest.V4.Peer, serverPort)},
 		broken:   server,
 		repaired: nstest.ProxyOutbound,
+	},
+	{
+		// Same place, same comment, no redirect: only the expressions
+		// show it.
+		name:     "capture rule edited in place",
+		tamper:   func(t *testing.T, p *pod) { editInPlace(t, p, "nat-output", "redirect to :15001") },
+		status:   nftredirv1.SyncStatus_SYNC_STATUS_DRIFTED,
+		from:     func(p *pod) *nstest.Netns { return p.Pod },
+		probe:    nstest.Dial{Network: "tcp4", To: netip.AddrPortFrom(nstest.V4.Peer, serverPort)},
+		broken:   server,
+		repaired: nstest.ProxyOutbound,
+		live:     regexp.MustCompile(`(?m)^\t\tmeta l4proto tcp accept comment "nftredir pod=[^"]*"$`),
 	},
 	{
 		// Without the fwmark rule a tproxied packet for an address the pod
@@ -228,8 +244,12 @@ func TestDaemonRepair(t *testing.T) {
 			} else {
 				x.p.expect(t, x.from(x.p), x.probe, x.broken)
 			}
-			if got := getPod(t, c, x.uid); got == nil || got.GetSyncStatus() != x.status {
+			got := getPod(t, c, x.uid)
+			if got == nil || got.GetSyncStatus() != x.status {
 				t.Errorf("%s: GetPod after the damage reports %v; want %s", x.name, got.GetSyncStatus(), x.status)
+			}
+			if x.live != nil && !x.live.MatchString(got.GetLiveRuleset()) {
+				t.Errorf("%s: GetPod's live_ruleset does not show the kernel's rule (%s):\n%s", x.name, x.live, got.GetLiveRuleset())
 			}
 		}
 		d.restart(t)

@@ -137,3 +137,31 @@ func BenchmarkNftCLI(b *testing.B) {
 		return nil
 	})
 }
+
+// BenchmarkVerify: one in-sync check of an applied table, what reconcile
+// and GetPod pay per pod. The namespace and table are set up once.
+func BenchmarkVerify(b *testing.B) {
+	requireRoot(b)
+	g, err := netns.NewGuard()
+	if err != nil {
+		b.Fatal(err)
+	}
+	f := makeNetns(b, g)
+	defer f.drop()
+	rs, err := nft.Build(nft.DefaultSpec("bench-pod"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	a := nft.NewNetlink()
+	ctx := context.Background()
+	if err := a.Apply(ctx, f.h, rs); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		st, _, err := a.Verify(ctx, f.h, rs)
+		if err != nil || st != nft.StatusInSync {
+			b.Fatalf("Verify = %v, %v", st, err)
+		}
+	}
+}

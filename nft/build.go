@@ -2,8 +2,8 @@ package nft
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -11,11 +11,9 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
-)
 
-// builderVersion is folded into the digest so that a daemon whose rules
-// changed re-applies every table it finds built by an older version.
-const builderVersion = "1"
+	"github.com/nftredir/nftredir/internal/nftlive"
+)
 
 // baseChain is one row of the static skeleton. Every chain is a base chain:
 // the rules are few, and without jumps a listing reads top to bottom.
@@ -64,37 +62,63 @@ func Build(s Spec) (*Ruleset, error) {
 	b.natOutput()
 
 	rs := &Ruleset{Spec: s, Chains: b.chains}
-	digest, err := specDigest(s)
-	if err != nil {
-		return nil, err
+	if err := rs.encode(); err != nil {
+		return nil, fmt.Errorf("build for pod %q: %w", s.PodID, err)
 	}
-	rs.Digest = digest
 	return rs, nil
 }
 
-// specDigest is a short hash of the spec and the builder version. The pod
-// id is part of the spec, so one pod's table never verifies as another's.
-func specDigest(s Spec) (string, error) {
-	canon := s
-	canon.ExcludeOutboundCIDRs = nil
-	raw, err := json.Marshal(struct {
-		Version string
-		Spec    Spec
-		CIDRs   []string
-	}{builderVersion, canon, prefixStrings(s.ExcludeOutboundCIDRs)})
-	if err != nil {
-		return "", fmt.Errorf("digest spec: %w", err)
+// encode fills every rule's wire form and canonical form, and derives the
+// digest from them: the hash covers exactly what the kernel is sent (pod
+// id, chains, every expression's bytes), so a builder change that changes
+// any rule changes the digest and is seen as drift, with no version
+// number to remember to bump. The pod id is part of it, so one pod's table
+// never verifies as another's.
+func (rs *Ruleset) encode() error {
+	h := sha256.New()
+	field := func(b []byte) {
+		h.Write(binary.BigEndian.AppendUint32(nil, uint32(len(b))))
+		h.Write(b)
 	}
-	sum := sha256.Sum256(raw)
-	return hex.EncodeToString(sum[:8]), nil
+	field([]byte(rs.Spec.PodID))
+	for ci := range rs.Chains {
+		ch := &rs.Chains[ci]
+		field(fmt.Appendf(nil, "chain %s %s %d %d", ch.Name, ch.Type, *ch.Hook, ch.Priority))
+		for ri := range ch.Rules {
+			r := &ch.Rules[ri]
+			wire, err := nftlive.Encode(nftables.TableFamilyINet, r.Exprs)
+			if err != nil {
+				return fmt.Errorf("chain %s rule %d: %w", ch.Name, ri+1, err)
+			}
+			r.wire, r.canon = wire, nftlive.CanonicalAll(wire)
+			field([]byte("rule"))
+			for _, e := range wire {
+				field([]byte(e.Name))
+				field(e.Data)
+			}
+		}
+	}
+	rs.Digest = hex.EncodeToString(h.Sum(nil)[:8])
+	return nil
 }
 
-func prefixStrings(ps []netip.Prefix) []string {
-	out := make([]string, len(ps))
-	for i, p := range ps {
-		out[i] = p.String()
+// Bytecode renders every rule's expressions as they are sent to the
+// kernel, one line per expression (its name and NFTA_EXPR_DATA in hex),
+// under the rule's nft text: the pure tier's view of the bytecode, which
+// the text alone does not pin down (an offset or a register can change
+// while the text stays the same).
+func (rs *Ruleset) Bytecode() string {
+	var sb strings.Builder
+	for _, c := range rs.Chains {
+		fmt.Fprintf(&sb, "chain %s\n", c.Name)
+		for i, r := range c.Rules {
+			fmt.Fprintf(&sb, "\trule %d: %s\n", i+1, r.Text)
+			for _, e := range r.wire {
+				fmt.Fprintf(&sb, "\t\t%-9s %x\n", e.Name, e.Data)
+			}
+		}
 	}
-	return out
+	return sb.String()
 }
 
 // Comment is the comment every rule of rs carries: whose table it is and
@@ -198,14 +222,22 @@ func (b *builder) manglePrerouting() {
 			// proxy's upstream connections, the app's existing ones).
 			// nft: ct state established,related accept
 			rule(ctStateIs(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED, "established,related"), accept()),
-			// Tunnel traffic goes to the proxy's HBONE listener.
-			// nft: tcp dport 15008 meta mark & 0x00000fff != 0x00000539 tproxy to :15008 meta mark set ... accept
-			rule(portMatch(unix.IPPROTO_TCP, "tcp", s.InboundHBONEPort, false), markIs(s.ProxyMark, false),
-				tproxyTo(s.InboundHBONEPort), setMark(s.TProxyMark), accept()),
-			// Everything else inbound goes to the plaintext listener.
-			// nft: meta l4proto tcp meta mark & 0x00000fff != 0x00000539 tproxy to :15006 meta mark set ... accept
-			rule(l4proto(unix.IPPROTO_TCP, "tcp"), markIs(s.ProxyMark, false),
-				tproxyTo(s.InboundPort), setMark(s.TProxyMark), accept()),
+		)
+		// Tunnel traffic goes to the proxy's HBONE listener, one rule per
+		// family when there is a target address (tproxy takes the
+		// address of one family; for the other it does not match).
+		// nft: tcp dport 15008 meta mark & 0x00000fff != 0x00000539 tproxy ip to 127.0.0.1:15008 meta mark set ... accept
+		for _, t := range b.tproxyTargets() {
+			rules = append(rules, rule(portMatch(unix.IPPROTO_TCP, "tcp", s.InboundHBONEPort, false), markIs(s.ProxyMark, false),
+				tproxyTo(t, s.InboundHBONEPort), setMark(s.TProxyMark), accept()))
+		}
+		// Everything else inbound goes to the plaintext listener.
+		// nft: meta l4proto tcp meta mark & 0x00000fff != 0x00000539 tproxy ip to 127.0.0.1:15006 meta mark set ... accept
+		for _, t := range b.tproxyTargets() {
+			rules = append(rules, rule(l4proto(unix.IPPROTO_TCP, "tcp"), markIs(s.ProxyMark, false),
+				tproxyTo(t, s.InboundPort), setMark(s.TProxyMark), accept()))
+		}
+		rules = append(rules,
 			// tproxy only matches when a transparent listener exists; with
 			// the proxy down or restarting, new connections would otherwise
 			// reach the app uncaptured. Dropping them fails closed: the
@@ -217,6 +249,21 @@ func (b *builder) manglePrerouting() {
 		)
 	}
 	b.chain(manglePrerouting, rules...)
+}
+
+// tproxyTargets lists the tproxy rules' targets: one without family when
+// neither family has an address (the kernel then uses the packet's own
+// family), else one per captured family.
+func (b *builder) tproxyTargets() []tproxyTarget {
+	s := b.spec
+	if !s.TProxyAddrV4.IsValid() && !s.TProxyAddrV6.IsValid() {
+		return []tproxyTarget{{family: unix.NFPROTO_UNSPEC}}
+	}
+	out := []tproxyTarget{{family: unix.NFPROTO_IPV4, addr: s.TProxyAddrV4}}
+	if s.IPv6 {
+		out = append(out, tproxyTarget{family: unix.NFPROTO_IPV6, addr: s.TProxyAddrV6})
+	}
+	return out
 }
 
 func (b *builder) mangleOutput() {

@@ -19,7 +19,7 @@ type part struct {
 }
 
 func rule(parts ...part) Rule {
-	var r Rule
+	r := Rule{parts: parts}
 	for i, p := range parts {
 		r.Exprs = append(r.Exprs, p.exprs...)
 		if i > 0 {
@@ -236,18 +236,35 @@ func portMatch(proto byte, name string, port uint16, source bool) part {
 	}
 }
 
-// tproxyTo hands the packet to a transparent listener on port. Family is
-// left unspecified: in an inet table the kernel then uses the packet's own
-// family, so one rule serves IPv4 and IPv6.
+// tproxyTarget is where a tproxy rule looks the transparent listener up:
+// a family (unspecified: the packet's own, in an inet table) and an
+// address of that family, or none (the kernel's choice, see Spec).
+type tproxyTarget struct {
+	family byte
+	addr   netip.Addr
+}
+
+// tproxyTo hands the packet to a transparent listener on port at t.
 //
-// nft: tproxy to :15006
-func tproxyTo(port uint16) part {
+// nft: tproxy to :15006 / tproxy ip to 127.0.0.1:15006 / tproxy ip6 to [::1]:15006
+func tproxyTo(t tproxyTarget, port uint16) part {
+	word := map[byte]string{unix.NFPROTO_UNSPEC: "tproxy", unix.NFPROTO_IPV4: "tproxy ip", unix.NFPROTO_IPV6: "tproxy ip6"}[t.family]
+	if !t.addr.IsValid() {
+		return part{
+			exprs: []expr.Any{
+				&expr.Immediate{Register: 1, Data: be16(port)},
+				&expr.TProxy{Family: t.family, TableFamily: unix.NFPROTO_INET, RegPort: 1},
+			},
+			text: fmt.Sprintf("%s to :%d", word, port),
+		}
+	}
 	return part{
 		exprs: []expr.Any{
-			&expr.Immediate{Register: 1, Data: be16(port)},
-			&expr.TProxy{Family: unix.NFPROTO_UNSPEC, TableFamily: unix.NFPROTO_INET, RegPort: 1},
+			&expr.Immediate{Register: 1, Data: t.addr.AsSlice()},
+			&expr.Immediate{Register: 2, Data: be16(port)},
+			&expr.TProxy{Family: t.family, TableFamily: unix.NFPROTO_INET, RegAddr: 1, RegPort: 2},
 		},
-		text: fmt.Sprintf("tproxy to :%d", port),
+		text: fmt.Sprintf("%s to %s", word, netip.AddrPortFrom(t.addr, port)),
 	}
 }
 

@@ -47,6 +47,11 @@ func goldenCases() []goldenCase {
 			s.TProxyMark = nft.Mark{Value: 0x0022, Mask: 0x00ff}
 			s.CaptureDNS = true
 		})},
+		{"tproxy_to_destination", base(func(s *nft.Spec) { s.TProxyAddrV4, s.TProxyAddrV6 = netip.Addr{}, netip.Addr{} })},
+		{"tproxy_custom_targets", base(func(s *nft.Spec) {
+			s.TProxyAddrV4 = netip.MustParseAddr("169.254.7.1")
+			s.TProxyAddrV6 = netip.Addr{}
+		})},
 		{"no_probe_sources", base(func(s *nft.Spec) { s.ProbeSourceV4, s.ProbeSourceV6 = netip.Addr{}, netip.Addr{} })},
 	}
 }
@@ -59,6 +64,9 @@ func TestBuildGolden(t *testing.T) {
 				t.Fatal(err)
 			}
 			golden.Check(t, tc.name, rs.String())
+			// The text does not pin the bytecode down (an offset or a
+			// register can change under the same words); this does.
+			golden.Check(t, tc.name+".bytecode", rs.Bytecode())
 		})
 	}
 }

@@ -2,6 +2,9 @@ package nft_test
 
 import (
 	"context"
+	"fmt"
+	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/nftredir/nftredir/internal/nstest"
@@ -50,4 +53,127 @@ func TestKernelListingMatchesRendering(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestVerifySeesCaptureRuleEdited edits each capture rule in place the way
+// an operator (or anything with CAP_NET_ADMIN in the pod) could: same
+// position, same comment, but only "meta l4proto tcp accept" left, which
+// switches that capture off. Verify must see it from the expressions, show
+// the kernel's rule in its text, and Apply must put the rule back.
+func TestVerifySeesCaptureRuleEdited(t *testing.T) {
+	requireRoot(t)
+	redirect := nft.DefaultSpec("0b6f3c1e-pod")
+	redirect.Mode = nft.ModeRedirect
+	destination := nft.DefaultSpec("0b6f3c1e-pod")
+	destination.TProxyAddrV4, destination.TProxyAddrV6 = netip.Addr{}, netip.Addr{}
+	for _, tc := range []struct {
+		name  string
+		spec  nft.Spec
+		chain string
+		rule  string // a substring of the rule's text
+	}{
+		{"outbound redirect", nft.DefaultSpec("0b6f3c1e-pod"), "nat-output", "redirect to :15001"},
+		{"inbound tproxy", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", "tproxy ip to 127.0.0.1:15006"},
+		{"inbound tproxy v6", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", "tproxy ip6 to [::1]:15006"},
+		{"inbound HBONE tproxy", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", "tproxy ip to 127.0.0.1:15008"},
+		{"inbound HBONE tproxy v6", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", "tproxy ip6 to [::1]:15008"},
+		{"inbound tproxy to destination", destination, "mangle-prerouting", "tproxy to :15006"},
+		{"inbound fail-closed drop", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", "meta l4proto tcp drop"},
+		{"REDIRECT-mode inbound nat", redirect, "nat-prerouting", "redirect to :15006"},
+		{"REDIRECT-mode outbound", redirect, "nat-output", "redirect to :15001"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n, h := scratchNetns(t)
+			rs, err := nft.Build(tc.spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := nft.NewNetlink()
+			if err := a.Apply(context.Background(), h, rs); err != nil {
+				t.Fatal(err)
+			}
+			handle, orig := ruleHandle(t, n, tc.chain, tc.rule)
+			edited := fmt.Sprintf("meta l4proto tcp accept comment %q", rs.Comment())
+			n.Nft(t, "replace", "rule", "inet", nft.TableName, tc.chain, "handle", handle, "meta", "l4proto", "tcp", "accept", "comment", fmt.Sprintf("%q", rs.Comment()))
+			if _, now := ruleHandle(t, n, tc.chain, "meta l4proto tcp accept comment"); now != edited {
+				t.Fatalf("nft shows the edited rule as %q, want %q", now, edited)
+			}
+
+			st, text, err := a.Verify(context.Background(), h, rs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st != nft.StatusDrifted {
+				t.Errorf("Verify after replacing %q with %q = %s, want drifted\n%s", orig, edited, st, text)
+
+			}
+			if chain := chainText(text, tc.chain); !strings.Contains(chain, "\t\t"+edited+"\n") || strings.Contains(chain, orig) {
+				t.Errorf("Verify's text of chain %s does not show the kernel's rule %q in place of %q:\n%s", tc.chain, edited, orig, text)
+			}
+
+			if err := a.Apply(context.Background(), h, rs); err != nil {
+				t.Fatal(err)
+			}
+			if st, text, err := a.Verify(context.Background(), h, rs); err != nil || st != nft.StatusInSync {
+				t.Errorf("Verify after re-Apply = %s, %v; want in sync\n%s", st, err, text)
+			}
+			if got := n.Nft(t, "list", "table", "inet", nft.TableName); got != rs.String() {
+				t.Errorf("after re-Apply nft lists\n%s\nwant\n%s", got, rs.String())
+			}
+		})
+	}
+}
+
+// TestVerifyShowsForeignExpression: an expression nftredir never writes
+// (a counter) is shown in Verify's text, not hidden, and is drift.
+func TestVerifyShowsForeignExpression(t *testing.T) {
+	requireRoot(t)
+	n, h := scratchNetns(t)
+	rs, err := nft.Build(nft.DefaultSpec("0b6f3c1e-pod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := nft.NewNetlink()
+	if err := a.Apply(context.Background(), h, rs); err != nil {
+		t.Fatal(err)
+	}
+	handle, _ := ruleHandle(t, n, "nat-output", "redirect to :15001")
+	n.Nft(t, "replace", "rule", "inet", nft.TableName, "nat-output", "handle", handle,
+		"meta", "l4proto", "tcp", "counter", "redirect", "to", ":15001", "comment", fmt.Sprintf("%q", rs.Comment()))
+	st, text, err := a.Verify(context.Background(), h, rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st != nft.StatusDrifted {
+		t.Errorf("Verify with a counter in the outbound rule = %s, want drifted\n%s", st, text)
+	}
+	want := "\t\tmeta l4proto tcp [expr counter "
+	if chain := chainText(text, "nat-output"); !strings.Contains(chain, want) || !strings.Contains(chain, "] redirect to :15001 comment") {
+		t.Errorf("Verify's text does not show the counter between the known words:\n%s", text)
+	}
+}
+
+// ruleHandle finds the first rule of chain whose text contains sub and
+// returns its handle and its text as nft prints it.
+func ruleHandle(t *testing.T, n *nstest.Netns, chain, sub string) (handle, text string) {
+	t.Helper()
+	for l := range strings.Lines(n.Nft(t, "-a", "list", "chain", "inet", nft.TableName, chain)) {
+		l = strings.TrimSpace(l)
+		before, h, ok := strings.Cut(l, " # handle ")
+		if ok && strings.Contains(before, sub) {
+			return h, before
+		}
+	}
+	t.Fatalf("no rule with %q in chain %s", sub, chain)
+	return "", ""
+}
+
+// chainText is the part of a rendered table that is chain's body.
+func chainText(table, chain string) string {
+	_, rest, ok := strings.Cut(table, "\tchain "+chain+" {\n")
+	if !ok {
+		return ""
+	}
+	body, _, _ := strings.Cut(rest, "\t}\n")
+	return body
 }

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/userdata"
 	"golang.org/x/sys/unix"
 
+	"github.com/nftredir/nftredir/internal/nftlive"
 	"github.com/nftredir/nftredir/netns"
 )
 
@@ -55,7 +57,8 @@ func conn(ns *netns.Handle, lasting bool) (*nftables.Conn, error) {
 //   - no table yet (a new pod): create it exclusively with its chains and
 //     rules; should one appear meanwhile, EEXIST aborts the batch and the
 //     full replace below runs instead;
-//   - the table already verifies as rs: nothing to do;
+//   - the table already verifies as rs (every expression of every rule):
+//     nothing to do;
 //   - our table with exactly the wanted chains: flush its rules, add rs's;
 //   - anything else: add, delete and re-add the whole table.
 //
@@ -64,24 +67,24 @@ func (n *Netlink) Apply(ctx context.Context, ns *netns.Handle, rs *Ruleset) erro
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	c, err := conn(ns, true)
-	if err != nil {
-		return err
-	}
-	defer closeLater(c)
-	live, err := snapshot(c)
+	live, err := readLive(ns)
 	if err != nil {
 		return fmt.Errorf("apply table %s in %s: %w", TableName, ns.Path(), err)
 	}
 	mode := replaceTable
 	switch {
-	case !live.exists:
+	case live == nil:
 		mode = createFresh
-	case len(live.compare(rs)) == 0:
+	case len(compare(live, rs)) == 0:
 		return nil
-	case live.flags == 0 && live.sameChains(rs):
+	case live.Flags == 0 && sameChains(live, rs):
 		mode = flushRules
 	}
+	c, err := conn(ns, true)
+	if err != nil {
+		return err
+	}
+	defer closeLater(c)
 	err = flush(c, rs, mode)
 	if err != nil && mode != replaceTable {
 		// The table changed between the look and the batch; the full
@@ -130,139 +133,161 @@ func flush(c *nftables.Conn, rs *Ruleset, mode applyMode) error {
 	return c.Flush()
 }
 
-// liveTable is what the kernel holds of our table.
-type liveTable struct {
-	exists bool
-	flags  uint32
-	chains []*nftables.Chain
-	rules  map[string][]*nftables.Rule
+// readLive reads our table, raw, over a socket of its own; nil when there
+// is no table.
+func readLive(ns *netns.Handle) (*nftlive.Table, error) {
+	c, err := nftlive.Dial(ns.Fd())
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	t, err := c.ReadTable(nftables.TableFamilyINet, TableName)
+	if nftlive.IsNotFound(err) {
+		return nil, nil
+	}
+	return t, err
 }
 
-func snapshot(c *nftables.Conn) (*liveTable, error) {
-	lt := &liveTable{rules: map[string][]*nftables.Rule{}}
-	t, err := c.ListTableOfFamily(TableName, nftables.TableFamilyINet)
-	if err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return lt, nil
-		}
-		return nil, fmt.Errorf("list table: %w", err)
-	}
-	lt.exists = true
-	// We create the table without flags. Any flag set since is someone
-	// else's doing; dormant in particular switches capture off while
-	// every chain and rule still looks right. (v0.3.0 decodes the flags
-	// in host byte order, so only zero versus non-zero is meaningful.)
-	lt.flags = t.Flags
-	all, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
-	if err != nil {
-		return nil, fmt.Errorf("list chains: %w", err)
-	}
-	for _, ch := range all {
-		if ch.Table == nil || ch.Table.Name != TableName {
-			continue
-		}
-		lt.chains = append(lt.chains, ch)
-		rules, err := c.GetRules(table(), ch)
-		if err != nil {
-			return nil, fmt.Errorf("list rules of %s: %w", ch.Name, err)
-		}
-		lt.rules[ch.Name] = rules
-	}
-	return lt, nil
+func (ch Chain) base() nftlive.BaseChain {
+	return nftlive.BaseChain{Type: ch.Type, Hook: ch.Hook, Priority: ch.Priority}
 }
 
 // sameChains reports whether the live table has exactly rs's chains, with
 // the same type, hook, priority and policy, and no others.
-func (lt *liveTable) sameChains(rs *Ruleset) bool {
-	want := map[string]Chain{}
-	for _, ch := range rs.Chains {
-		want[ch.Name] = ch
+func sameChains(lt *nftlive.Table, rs *Ruleset) bool {
+	if len(lt.Chains) != len(rs.Chains) {
+		return false
 	}
-	for _, lc := range lt.chains {
-		wc, ok := want[lc.Name]
-		if !ok || !sameBase(wc, lc) {
+	for _, wc := range rs.Chains {
+		if lc := lt.Chain(wc.Name); lc == nil || !lc.SameBase(wc.base()) {
 			return false
 		}
 	}
-	return len(lt.chains) == len(want)
+	return true
 }
 
-// compare lists every difference between the live table and rs, by chain
-// shape, rule count and rule comment (which carries the spec digest).
-func (lt *liveTable) compare(rs *Ruleset) []string {
-	if !lt.exists {
-		return []string{"table is missing"}
+// ruleMatches reports whether the kernel's rule is want: the same
+// expressions (compared as Canonical describes) and our comment.
+func ruleMatches(lr *nftlive.Rule, want *Rule, comment string) bool {
+	if lr.Comment != comment || len(lr.Exprs) != len(want.canon) {
+		return false
 	}
-	want := map[string]Chain{}
-	for _, ch := range rs.Chains {
-		want[ch.Name] = ch
+	var buf []byte
+	for i, e := range lr.Exprs {
+		if buf = nftlive.AppendCanonical(buf[:0], e); string(buf) != want.canon[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// compare lists every difference between the live table and rs: flags,
+// chains and their base shape, and every expression and comment of every
+// rule.
+func compare(lt *nftlive.Table, rs *Ruleset) []string {
+	if lt == nil {
+		return []string{"table is missing"}
 	}
 	comment := rs.Comment()
 	var problems []string
-	if lt.flags != 0 {
-		problems = append(problems, "table has flags set (dormant?)")
+	if lt.Dormant() {
+		problems = append(problems, "table is dormant")
+	} else if lt.Flags != 0 {
+		problems = append(problems, fmt.Sprintf("table has flags %#x", lt.Flags))
 	}
-	seen := map[string]bool{}
-	for _, lc := range lt.chains {
-		seen[lc.Name] = true
-		wc, ok := want[lc.Name]
-		if !ok {
+	var dict *vocabulary
+	for _, lc := range lt.Chains {
+		wi := slices.IndexFunc(rs.Chains, func(c Chain) bool { return c.Name == lc.Name })
+		if wi < 0 {
 			problems = append(problems, fmt.Sprintf("unexpected chain %s", lc.Name))
 			continue
 		}
-		if !sameBase(wc, lc) {
+		wc := &rs.Chains[wi]
+		if !lc.SameBase(wc.base()) {
 			problems = append(problems, fmt.Sprintf("chain %s has another type, hook, priority or policy", lc.Name))
 		}
-		rules := lt.rules[lc.Name]
-		if len(rules) != len(wc.Rules) {
-			problems = append(problems, fmt.Sprintf("chain %s has %d rules, want %d", lc.Name, len(rules), len(wc.Rules)))
+		if len(lc.Rules) != len(wc.Rules) {
+			problems = append(problems, fmt.Sprintf("chain %s has %d rules, want %d", lc.Name, len(lc.Rules), len(wc.Rules)))
 		}
-		for j, r := range rules {
-			if got, _ := userdata.GetString(r.UserData, userdata.TypeComment); got != comment {
-				problems = append(problems, fmt.Sprintf("chain %s rule %d (handle %d) is not ours or is stale", lc.Name, j+1, r.Handle))
+		for j, lr := range lc.Rules {
+			switch {
+			case j >= len(wc.Rules):
+			case lr.Comment != comment:
+				problems = append(problems, fmt.Sprintf("chain %s rule %d (handle %d) is not ours or is stale", lc.Name, j+1, lr.Handle))
+			case !ruleMatches(lr, &wc.Rules[j], comment):
+				if dict == nil {
+					dict = newVocabulary(rs)
+				}
+				problems = append(problems, fmt.Sprintf("chain %s rule %d (handle %d) is %q, want %q", lc.Name, j+1, lr.Handle, dict.render(lr.Exprs), wc.Rules[j].Text))
 			}
 		}
 	}
 	for _, wc := range rs.Chains {
-		if !seen[wc.Name] {
+		if lt.Chain(wc.Name) == nil {
 			problems = append(problems, fmt.Sprintf("chain %s is missing", wc.Name))
 		}
 	}
 	return problems
 }
 
-// text renders the live table, using rs's text for rules whose comment
-// proves they are rs's, and a placeholder for any other rule.
-func (lt *liveTable) text(rs *Ruleset) string {
-	want := map[string]Chain{}
-	for _, ch := range rs.Chains {
-		want[ch.Name] = ch
-	}
+// text renders the live table the way `nft list table` prints it. A rule
+// that is exactly rs's (every expression and the comment) is printed with
+// rs's text; any other is read back from its expressions (see vocabulary),
+// so the listing shows what the kernel holds, never what was meant.
+// inSync says compare found nothing, so every rule is known to be rs's.
+func text(lt *nftlive.Table, rs *Ruleset, inSync bool) string {
 	comment := rs.Comment()
+	var dict *vocabulary
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "table inet %s {\n", TableName)
-	for i, lc := range lt.chains {
+	if lt.Flags != 0 {
+		fmt.Fprintf(&sb, "\tflags %s\n", tableFlagNames(lt.Flags))
+	}
+	for i, lc := range lt.Chains {
 		if i > 0 {
 			sb.WriteString("\n")
 		}
 		fmt.Fprintf(&sb, "\tchain %s {\n", lc.Name)
-		if lc.Hooknum != nil && lc.Priority != nil {
-			fmt.Fprintf(&sb, "\t\ttype %s hook %s priority %s; policy %s;\n", lc.Type, hookName(lc.Hooknum),
-				priorityName(Chain{Type: lc.Type, Hook: lc.Hooknum, Priority: int32(*lc.Priority)}), policyName(lc.Policy))
+		if lc.Base {
+			hook := lc.Hook
+			fmt.Fprintf(&sb, "\t\ttype %s hook %s priority %s; policy %s;\n", lc.Type, hookName(&hook),
+				priorityName(Chain{Type: lc.Type, Hook: &hook, Priority: lc.Priority}), policyName(&lc.Policy))
 		}
-		wc := want[lc.Name]
-		for j, r := range lt.rules[lc.Name] {
-			got, _ := userdata.GetString(r.UserData, userdata.TypeComment)
-			if got == comment && j < len(wc.Rules) {
-				fmt.Fprintf(&sb, "\t\t%s comment %q\n", wc.Rules[j].Text, got)
-				continue
+		var wc *Chain
+		if wi := slices.IndexFunc(rs.Chains, func(c Chain) bool { return c.Name == lc.Name }); wi >= 0 {
+			wc = &rs.Chains[wi]
+		}
+		for j, lr := range lc.Rules {
+			var rt string
+			if wc != nil && j < len(wc.Rules) && (inSync || ruleMatches(lr, &wc.Rules[j], comment)) {
+				rt = wc.Rules[j].Text
+			} else {
+				if dict == nil {
+					dict = newVocabulary(rs)
+				}
+				rt = dict.render(lr.Exprs)
 			}
-			fmt.Fprintf(&sb, "\t\t# handle %d: %d expressions, comment %q (not recognised)\n", r.Handle, len(r.Exprs), got)
+			if lr.Comment != "" {
+				rt += fmt.Sprintf(" comment %q", lr.Comment)
+			}
+			fmt.Fprintf(&sb, "\t\t%s\n", rt)
 		}
 		sb.WriteString("\t}\n")
 	}
 	sb.WriteString("}\n")
 	return sb.String()
+}
+
+func tableFlagNames(f uint32) string {
+	var names []string
+	if f&unix.NFT_TABLE_F_DORMANT != 0 {
+		names = append(names, "dormant")
+		f &^= unix.NFT_TABLE_F_DORMANT
+	}
+	if f != 0 {
+		names = append(names, fmt.Sprintf("%#x", f))
+	}
+	return strings.Join(names, ",")
 }
 
 // Remove deletes our table and succeeds when it is absent. Deleting makes
@@ -290,39 +315,26 @@ func (n *Netlink) Remove(ctx context.Context, ns *netns.Handle) error {
 	return nil
 }
 
-// Verify compares the live table with rs by structure and rule comments:
-// same chains with the same type, hook and priority, the same number of
-// rules in each, and every rule carrying rs's comment (which holds the
-// spec digest). Expressions are not compared: the library cannot decode
-// all of ours. The text describes the live table, with any drift listed
-// at the end.
+// Verify compares the live table with rs: the table's flags, the chains
+// with their type, hook, priority and policy, and every rule, expression
+// by expression (including tproxy and socket, which the library cannot
+// decode) and by comment. The text renders what the kernel holds, with
+// any drift listed at the end.
 func (n *Netlink) Verify(ctx context.Context, ns *netns.Handle, rs *Ruleset) (Status, string, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, "", err
 	}
-	c, err := conn(ns, true)
-	if err != nil {
-		return 0, "", err
-	}
-	defer c.CloseLasting()
-	live, err := snapshot(c)
+	live, err := readLive(ns)
 	if err != nil {
 		return 0, "", fmt.Errorf("verify table %s in %s: %w", TableName, ns.Path(), err)
 	}
-	if !live.exists {
+	if live == nil {
 		return StatusAbsent, "", nil
 	}
-	text := live.text(rs)
-	if problems := live.compare(rs); len(problems) > 0 {
-		return StatusDrifted, text + "# drift: " + strings.Join(problems, "; ") + "\n", nil
+	if problems := compare(live, rs); len(problems) > 0 {
+		return StatusDrifted, text(live, rs, false) + "# drift: " + strings.Join(problems, "; ") + "\n", nil
 	}
-	return StatusInSync, text, nil
-}
-
-func sameBase(w Chain, l *nftables.Chain) bool {
-	return l.Type == w.Type && l.Hooknum != nil && *l.Hooknum == *w.Hook &&
-		l.Priority != nil && int32(*l.Priority) == w.Priority &&
-		(l.Policy == nil || *l.Policy == nftables.ChainPolicyAccept)
+	return StatusInSync, text(live, rs, true), nil
 }
 
 func policyName(p *nftables.ChainPolicy) string {

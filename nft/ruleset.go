@@ -3,15 +3,17 @@ package nft
 import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+
+	"github.com/nftredir/nftredir/internal/nftlive"
 )
 
 // Ruleset is the complete content of our table for one pod: a pure value
 // that Build returns and an Applier programs.
 type Ruleset struct {
 	Spec Spec
-	// Digest identifies the ruleset's content; every rule's comment carries
-	// it, so a listing can be checked without decoding expressions (v0.3.0
-	// of the library cannot decode tproxy or socket expressions).
+	// Digest identifies the ruleset's content: a hash of the pod id, the
+	// chains and every rule's encoded expressions, so any change to what
+	// the builder emits changes it. Every rule's comment carries it.
 	Digest string
 	Chains []Chain
 }
@@ -30,4 +32,12 @@ type Chain struct {
 type Rule struct {
 	Exprs []expr.Any
 	Text  string
+
+	// parts are the words the rule was built from, for reading a drifted
+	// kernel rule back in the same vocabulary.
+	parts []part
+	// wire is Exprs as the library encodes them; canon is each in the
+	// form Verify compares with the kernel's (Build fills both).
+	wire  []nftlive.Expr
+	canon []string
 }

@@ -101,6 +101,19 @@ type Spec struct {
 	ProbeSourceV4 netip.Addr
 	ProbeSourceV6 netip.Addr
 
+	// TProxyAddrV4 and TProxyAddrV6 are where TPROXY mode hands inbound
+	// TCP (both the plaintext and the HBONE port): the address the
+	// proxy's transparent listener is looked up at. Loopback (the
+	// default, as Istio's in-pod rules use) reaches listeners bound to
+	// loopback and to the wildcard address alike; the accepted socket's
+	// local address is still the original destination, and the packet's
+	// destination is not rewritten, so no route_localnet is needed. A zero
+	// address leaves the choice to the kernel: the incoming interface's
+	// primary address for IPv4 and the packet's destination for IPv6,
+	// which only wildcard listeners serve.
+	TProxyAddrV4 netip.Addr
+	TProxyAddrV6 netip.Addr
+
 	CaptureDNS bool
 	// IPv6 captures IPv6 as well as IPv4. Off, IPv6 traffic passes
 	// untouched.
@@ -112,6 +125,12 @@ type Spec struct {
 	ExcludeOutboundPorts []uint16
 	ExcludeOutboundCIDRs []netip.Prefix
 }
+
+// Default TPROXY targets: loopback, as Istio's in-pod rules tproxy to.
+var (
+	DefaultTProxyAddrV4 = netip.MustParseAddr("127.0.0.1")
+	DefaultTProxyAddrV6 = netip.MustParseAddr("::1")
+)
 
 // DefaultSpec is the ztunnel-compatible spec for podID.
 func DefaultSpec(podID string) Spec {
@@ -126,6 +145,8 @@ func DefaultSpec(podID string) Spec {
 		TProxyMark:       Mark{Value: 0x111, Mask: 0xfff},
 		ProbeSourceV4:    netip.MustParseAddr("169.254.7.127"),
 		ProbeSourceV6:    netip.MustParseAddr("fd16:9254:7127:1337:ffff:ffff:ffff:ffff"),
+		TProxyAddrV4:     DefaultTProxyAddrV4,
+		TProxyAddrV6:     DefaultTProxyAddrV6,
 		IPv6:             true,
 	}
 }
@@ -185,6 +206,12 @@ func (s Spec) Validate() error {
 	}
 	if s.ProbeSourceV6.IsValid() && (!s.ProbeSourceV6.Is6() || s.ProbeSourceV6.Is4In6()) {
 		add("IPv6 probe source %s is not an IPv6 address", s.ProbeSourceV6)
+	}
+	if a := s.TProxyAddrV4; a.IsValid() && (!a.Is4() || a.IsUnspecified() || a.IsMulticast()) {
+		add("IPv4 tproxy address %s is not an IPv4 unicast address", a)
+	}
+	if a := s.TProxyAddrV6; a.IsValid() && (!a.Is6() || a.Is4In6() || a.Zone() != "" || a.IsUnspecified() || a.IsMulticast()) {
+		add("IPv6 tproxy address %s is not an IPv6 unicast address without zone", a)
 	}
 	checkPorts := func(name string, ps []uint16) {
 		if len(ps) > MaxExcludedPorts {

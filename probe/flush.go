@@ -222,7 +222,7 @@ func (m *Manager) commit(what string, md mode) (err error) {
 		var l *live
 		if read {
 			m.stats.reads.Add(1)
-			if l, err = readLive(c, m.rs); err != nil {
+			if l, err = readLive(c, m.kfd, m.rs); err != nil {
 				m.dropConnLocked()
 				return fmt.Errorf("%s: read node table in %s: %w", what, m.path, err)
 			}
@@ -352,11 +352,11 @@ func (m *Manager) failedLocked(s *sent) {
 // connLocked is the kept connection, opened if needed. kmu must be held.
 func (m *Manager) connLocked() (*nftables.Conn, error) {
 	if m.kc == nil {
-		c, end, err := m.dial()
+		c, fd, end, err := m.dial()
 		if err != nil {
 			return nil, err
 		}
-		m.kc, m.kend = c, end
+		m.kc, m.kfd, m.kend = c, fd, end
 	}
 	m.lastUse = time.Now()
 	return m.kc, nil

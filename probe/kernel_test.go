@@ -210,6 +210,43 @@ func TestKernelReconcileRepairsFlushedRuleset(t *testing.T) {
 	wantElements(t, node, m, want)
 }
 
+// TestKernelEnsureRepairsRuleEditedInPlace: the SNAT rule replaced under
+// the same comment by one that no longer SNATs (probes would then reach
+// the pod with the node's address and be captured) is seen from the
+// expressions and rewritten, and the elements stay.
+func TestKernelEnsureRepairsRuleEditedInPlace(t *testing.T) {
+	node, m := newNode(t, probe.Config{})
+	ctx := context.Background()
+	if err := m.Add(ctx, podA, []netip.Addr{ip4, ip6}); err != nil {
+		t.Fatal(err)
+	}
+	var handle string
+	for l := range strings.Lines(node.Nft(t, "-a", "list", "chain", "inet", probe.TableName, probe.ChainName)) {
+		if before, h, ok := strings.Cut(strings.TrimSpace(l), " # handle "); ok && strings.Contains(before, "snat ip to") {
+			handle = h
+		}
+	}
+	if handle == "" {
+		t.Fatal("no IPv4 SNAT rule listed")
+	}
+	node.Nft(t, "replace", "rule", "inet", probe.TableName, probe.ChainName, "handle", handle,
+		"meta", "l4proto", "tcp", "meta", "skuid", "0", "ip", "daddr", "@"+probe.SetV4, "accept",
+		"comment", `"`+m.Ruleset().Comment()+`"`)
+	if p, err := m.Problems(ctx); err != nil || len(p) == 0 {
+		t.Fatalf("Problems after the SNAT rule was edited in place = %v, %v; want the chain reported", p, err)
+	}
+	if err := m.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := m.Problems(ctx); err != nil || len(p) != 0 {
+		t.Errorf("Problems after Ensure = %v, %v; want none", p, err)
+	}
+	if got := stripElements(listTable(t, node)); got != m.Ruleset().String() {
+		t.Errorf("table after Ensure\n%s\nwant\n%s", got, m.Ruleset().String())
+	}
+	wantElements(t, node, m, map[netip.Addr]string{ip4: podA, ip6: podA})
+}
+
 var setBlockRE = regexp.MustCompile(`(?s)\tset [^\n]* \{\n.*?\n\t\}\n\n`)
 
 func sameIgnoringSetOrder(a, b string) bool {

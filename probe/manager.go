@@ -65,6 +65,7 @@ type Manager struct {
 	// Taken before mu.
 	kmu  sync.Mutex
 	kc   *nftables.Conn
+	kfd  int // the node namespace kc was opened in, while kc is open
 	kend func()
 	// lastUse and idle close the connection once unused for connLinger.
 	lastUse time.Time
@@ -345,7 +346,7 @@ func (m *Manager) readOnly(ctx context.Context) (*live, error) {
 	if err != nil {
 		return nil, err
 	}
-	l, err := readLive(c, m.rs)
+	l, err := readLive(c, m.kfd, m.rs)
 	if err != nil {
 		m.dropConnLocked()
 		return nil, fmt.Errorf("read node table in %s: %w", m.path, err)
@@ -355,18 +356,20 @@ func (m *Manager) readOnly(ctx context.Context) (*live, error) {
 
 // dial opens the node namespace and a netlink connection inside it; the
 // returned func closes both. The namespace is opened per connection, so a
-// path that changes is followed once the connection is idle.
-func (m *Manager) dial() (*nftables.Conn, func(), error) {
+// path that changes is followed once the connection is idle. The fd is
+// returned too: the table is read back over a socket of its own in the
+// same namespace.
+func (m *Manager) dial() (*nftables.Conn, int, func(), error) {
 	fd, err := openNetns(m.path)
 	if err != nil {
-		return nil, nil, err
+		return nil, 0, nil, err
 	}
 	c, err := nftables.New(nftables.WithNetNSFd(fd), nftables.AsLasting(), nftables.WithSockOptions(largeSendBuffer))
 	if err != nil {
 		unix.Close(fd)
-		return nil, nil, fmt.Errorf("nftables in %s: %w", m.path, err)
+		return nil, 0, nil, fmt.Errorf("nftables in %s: %w", m.path, err)
 	}
-	return c, func() { c.CloseLasting(); unix.Close(fd) }, nil
+	return c, fd, func() { c.CloseLasting(); unix.Close(fd) }, nil
 }
 
 // sendBuffer bounds one batch: a batch goes out in a single sendmsg, which

@@ -1,8 +1,6 @@
 package probe
 
 import (
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -14,7 +12,8 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
 	"github.com/hashicorp/go-hclog"
-	"golang.org/x/sys/unix"
+
+	"github.com/nftredir/nftredir/internal/nftlive"
 )
 
 func table() *nftables.Table {
@@ -28,24 +27,36 @@ type live struct {
 	// sets by name, and which of ours have the wanted type and flags
 	sets   map[string]*nftables.Set
 	setsOK map[string]bool
-	chains []*nftables.Chain
+	chains []*nftlive.Chain
 	// rules of our chain, if it exists
-	rules []*nftables.Rule
+	rules []*nftlive.Rule
 	// elems of our sets that are right, address to owner UID
 	elems map[netip.Addr]string
 }
 
-func readLive(c *nftables.Conn, rs *Ruleset) (*live, error) {
+// readLive reads the node table: the table, its chains and rules raw over
+// a socket of its own in the namespace nsFd (only our table is listed, and
+// rules keep every expression), the sets and their elements through c.
+func readLive(c *nftables.Conn, nsFd int, rs *Ruleset) (*live, error) {
 	l := &live{sets: map[string]*nftables.Set{}, setsOK: map[string]bool{}, elems: map[netip.Addr]string{}}
-	t, err := c.ListTableOfFamily(TableName, nftables.TableFamilyINet)
-	if errors.Is(err, unix.ENOENT) {
+	rc, err := nftlive.Dial(nsFd)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	t, err := rc.ReadTable(nftables.TableFamilyINet, TableName)
+	if nftlive.IsNotFound(err) {
 		return l, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("list table: %w", err)
+		return nil, fmt.Errorf("read table: %w", err)
 	}
 	l.exists = true
-	l.dormant = tableFlags(t)&unix.NFT_TABLE_F_DORMANT != 0
+	l.dormant = t.Dormant()
+	l.chains = t.Chains
+	if ch := t.Chain(rs.Chain.Name); ch != nil {
+		l.rules = ch.Rules
+	}
 	sets, err := c.GetSets(table())
 	if err != nil {
 		return nil, fmt.Errorf("list sets: %w", err)
@@ -69,30 +80,7 @@ func readLive(c *nftables.Conn, rs *Ruleset) (*live, error) {
 			}
 		}
 	}
-	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
-	if err != nil {
-		return nil, fmt.Errorf("list chains: %w", err)
-	}
-	for _, ch := range chains {
-		if ch.Table == nil || ch.Table.Name != TableName {
-			continue
-		}
-		l.chains = append(l.chains, ch)
-		if ch.Name == rs.Chain.Name {
-			if l.rules, err = c.GetRules(table(), ch); err != nil {
-				return nil, fmt.Errorf("list rules: %w", err)
-			}
-		}
-	}
 	return l, nil
-}
-
-// tableFlags undoes a v0.3.0 decoding bug: the table's flags attribute is
-// big-endian on the wire but read in host byte order.
-func tableFlags(t *nftables.Table) uint32 {
-	var b [4]byte
-	binary.NativeEndian.PutUint32(b[:], t.Flags)
-	return binary.BigEndian.Uint32(b[:])
 }
 
 // setOK: a plain set (no intervals, timeouts, map data) of the wanted
@@ -102,7 +90,7 @@ func setOK(s *nftables.Set, want Set) bool {
 		!s.Anonymous && !s.Constant && !s.Interval && !s.IsMap && !s.HasTimeout && !s.Concatenation && !s.Dynamic
 }
 
-func (l *live) chain(name string) *nftables.Chain {
+func (l *live) chain(name string) *nftlive.Chain {
 	for _, ch := range l.chains {
 		if ch.Name == name {
 			return ch
@@ -111,22 +99,25 @@ func (l *live) chain(name string) *nftables.Chain {
 	return nil
 }
 
-func chainBaseOK(ch *nftables.Chain, want Chain) bool {
-	return ch.Type == want.Type && ch.Hooknum != nil && *ch.Hooknum == *want.Hook &&
-		ch.Priority != nil && int32(*ch.Priority) == want.Priority &&
-		(ch.Policy == nil || *ch.Policy == nftables.ChainPolicyAccept)
+func chainBaseOK(ch *nftlive.Chain, want Chain) bool {
+	return ch.SameBase(nftlive.BaseChain{Type: want.Type, Hook: want.Hook, Priority: want.Priority})
 }
 
-// rulesOK compares by count and comment: the comment carries the spec
-// digest, and comparing expressions would depend on what the library can
-// decode.
+// rulesOK compares every rule by comment and expression by expression.
 func (l *live) rulesOK(rs *Ruleset) bool {
 	if len(l.rules) != len(rs.Chain.Rules) {
 		return false
 	}
-	for _, r := range l.rules {
-		if got, _ := userdata.GetString(r.UserData, userdata.TypeComment); got != rs.Comment() {
+	for i, r := range l.rules {
+		want := rs.Chain.Rules[i].canon
+		if r.Comment != rs.Comment() || len(r.Exprs) != len(want) {
 			return false
+		}
+		var buf []byte
+		for j, e := range r.Exprs {
+			if buf = nftlive.AppendCanonical(buf[:0], e); string(buf) != want[j] {
+				return false
+			}
 		}
 	}
 	return true

@@ -12,8 +12,8 @@ package probe
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -23,6 +23,8 @@ import (
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftredir/nftredir/internal/nftlive"
 )
 
 // Names of what nftredir owns in the node namespace. Nothing else there is
@@ -40,10 +42,6 @@ var (
 	DefaultSourceV4 = netip.MustParseAddr("169.254.7.127")
 	DefaultSourceV6 = netip.MustParseAddr("fd16:9254:7127:1337:ffff:ffff:ffff:ffff")
 )
-
-// builderVersion is folded into the digest, so that a daemon whose rules
-// changed rewrites a chain built by an older version.
-const builderVersion = "1"
 
 // srcnat is the priority of the chain: where NAT of locally originated
 // packets happens, after routing has chosen the source address.
@@ -86,8 +84,9 @@ func (s Spec) Validate() error {
 // change with enrolment) and the one chain.
 type Ruleset struct {
 	Spec Spec
-	// Digest identifies the chain's content; every rule's comment carries
-	// it, so a listing is checked without decoding expressions.
+	// Digest identifies the table's content: a hash of the sets and the
+	// chain with every rule's encoded expressions, so any change to what
+	// the builder emits changes it. Every rule's comment carries it.
 	Digest string
 	Sets   []Set
 	Chain  Chain
@@ -113,6 +112,9 @@ type Chain struct {
 type Rule struct {
 	Exprs []expr.Any
 	Text  string
+	// canon is Exprs in the form compared with the kernel's (Build fills
+	// it).
+	canon []string
 }
 
 // Build returns the node table for s. It does no I/O.
@@ -120,13 +122,8 @@ func Build(s Spec) (*Ruleset, error) {
 	if err := s.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid probe spec: %w", err)
 	}
-	digest, err := specDigest(s)
-	if err != nil {
-		return nil, err
-	}
 	rs := &Ruleset{
-		Spec:   s,
-		Digest: digest,
+		Spec: s,
 		Sets: []Set{
 			{Name: SetV4, Type: nftables.TypeIPAddr},
 			{Name: SetV6, Type: nftables.TypeIP6Addr},
@@ -141,31 +138,41 @@ func Build(s Spec) (*Ruleset, error) {
 		// nft: meta l4proto tcp meta skuid 0 ip6 daddr @pod-ips-v6 snat ip6 to fd16:...
 		rs.Chain.Rules = append(rs.Chain.Rules, snatRule(s.KubeletUID, SetV6, s.SourceV6))
 	}
+	if err := rs.encode(); err != nil {
+		return nil, err
+	}
 	return rs, nil
 }
 
-func specDigest(s Spec) (string, error) {
-	raw, err := json.Marshal(struct {
-		Version  string
-		UID      uint32
-		V4, V6   string
-		Set4     string
-		Set6     string
-		Chain    string
-		Priority int
-	}{builderVersion, s.KubeletUID, addrString(s.SourceV4), addrString(s.SourceV6), SetV4, SetV6, ChainName, srcnat})
-	if err != nil {
-		return "", fmt.Errorf("digest probe spec: %w", err)
+// encode fills every rule's canonical form and derives the digest from
+// what the kernel is sent: set names and types, the chain, every rule's
+// encoded expressions. No version number to remember to bump.
+func (rs *Ruleset) encode() error {
+	h := sha256.New()
+	field := func(b []byte) {
+		h.Write(binary.BigEndian.AppendUint32(nil, uint32(len(b))))
+		h.Write(b)
 	}
-	sum := sha256.Sum256(raw)
-	return hex.EncodeToString(sum[:8]), nil
-}
-
-func addrString(a netip.Addr) string {
-	if !a.IsValid() {
-		return ""
+	for _, st := range rs.Sets {
+		field(fmt.Appendf(nil, "set %s %s", st.Name, st.Type.Name))
 	}
-	return a.String()
+	c := &rs.Chain
+	field(fmt.Appendf(nil, "chain %s %s %d %d", c.Name, c.Type, *c.Hook, c.Priority))
+	for i := range c.Rules {
+		r := &c.Rules[i]
+		wire, err := nftlive.Encode(nftables.TableFamilyINet, r.Exprs)
+		if err != nil {
+			return fmt.Errorf("encode probe rule %d: %w", i+1, err)
+		}
+		r.canon = nftlive.CanonicalAll(wire)
+		field([]byte("rule"))
+		for _, e := range wire {
+			field([]byte(e.Name))
+			field(e.Data)
+		}
+	}
+	rs.Digest = hex.EncodeToString(h.Sum(nil)[:8])
+	return nil
 }
 
 // Comment is what every rule of the chain carries.

@@ -21,6 +21,8 @@ func (r *Record) toProto() *nftredirv1.Pod {
 		DnsCapture:           proto.Bool(s.CaptureDNS),
 		Ipv6:                 proto.Bool(s.IPv6),
 		InboundCapture:       proto.Bool(s.InboundCapture),
+		TproxyIpv4:           proto.String(s.TProxyV4),
+		TproxyIpv6:           proto.String(s.TProxyV6),
 	}
 	for _, p := range s.ExcludeInboundPorts {
 		opts.ExcludeInboundPorts = append(opts.ExcludeInboundPorts, uint32(p))

@@ -58,15 +58,20 @@ type Leaving struct {
 // SpecRecord is nft.Spec in a stable JSON form (named fields, text
 // addresses and modes), independent of nft's Go field names.
 type SpecRecord struct {
-	Mode                 string   `json:"mode"`
-	OutboundPort         uint16   `json:"outboundPort"`
-	InboundPort          uint16   `json:"inboundPort"`
-	InboundHBONEPort     uint16   `json:"inboundHbonePort"`
-	DNSPort              uint16   `json:"dnsPort"`
-	ProxyMark            Mark     `json:"proxyMark"`
-	TProxyMark           Mark     `json:"tproxyMark"`
-	ProbeSourceV4        string   `json:"probeSourceV4,omitempty"`
-	ProbeSourceV6        string   `json:"probeSourceV6,omitempty"`
+	Mode             string `json:"mode"`
+	OutboundPort     uint16 `json:"outboundPort"`
+	InboundPort      uint16 `json:"inboundPort"`
+	InboundHBONEPort uint16 `json:"inboundHbonePort"`
+	DNSPort          uint16 `json:"dnsPort"`
+	ProxyMark        Mark   `json:"proxyMark"`
+	TProxyMark       Mark   `json:"tproxyMark"`
+	ProbeSourceV4    string `json:"probeSourceV4,omitempty"`
+	ProbeSourceV6    string `json:"probeSourceV6,omitempty"`
+	// TProxyV4/V6: the TPROXY target addresses; absent or empty is none
+	// (the family-less rule, which is what records written before the
+	// option was added were enrolled with).
+	TProxyV4             string   `json:"tproxyV4,omitempty"`
+	TProxyV6             string   `json:"tproxyV6,omitempty"`
 	CaptureDNS           bool     `json:"captureDns"`
 	IPv6                 bool     `json:"ipv6"`
 	InboundCapture       bool     `json:"inboundCapture"`
@@ -119,6 +124,12 @@ func specRecord(s nft.Spec) SpecRecord {
 	if s.ProbeSourceV6.IsValid() {
 		r.ProbeSourceV6 = s.ProbeSourceV6.String()
 	}
+	if s.TProxyAddrV4.IsValid() {
+		r.TProxyV4 = s.TProxyAddrV4.String()
+	}
+	if s.TProxyAddrV6.IsValid() {
+		r.TProxyV6 = s.TProxyAddrV6.String()
+	}
 	for _, c := range s.ExcludeOutboundCIDRs {
 		r.ExcludeOutboundCIDRs = append(r.ExcludeOutboundCIDRs, c.String())
 	}
@@ -154,6 +165,16 @@ func (r SpecRecord) spec(podUID string) (nft.Spec, error) {
 	if r.ProbeSourceV6 != "" {
 		if s.ProbeSourceV6, err = netip.ParseAddr(r.ProbeSourceV6); err != nil {
 			return nft.Spec{}, fmt.Errorf("probe source v6: %w", err)
+		}
+	}
+	if r.TProxyV4 != "" {
+		if s.TProxyAddrV4, err = netip.ParseAddr(r.TProxyV4); err != nil {
+			return nft.Spec{}, fmt.Errorf("tproxy v4: %w", err)
+		}
+	}
+	if r.TProxyV6 != "" {
+		if s.TProxyAddrV6, err = netip.ParseAddr(r.TProxyV6); err != nil {
+			return nft.Spec{}, fmt.Errorf("tproxy v6: %w", err)
 		}
 	}
 	for _, c := range r.ExcludeOutboundCIDRs {

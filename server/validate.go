@@ -205,10 +205,40 @@ func effectiveSpec(p *problems, uid string, o *nftredirv1.RedirectOptions, defau
 	if o.InboundCapture != nil {
 		s.NoInboundCapture = !o.GetInboundCapture()
 	}
+	if o.TproxyIpv4 != nil {
+		s.TProxyAddrV4 = tproxyAddr(p, "options.tproxy_ipv4", o.GetTproxyIpv4(), false)
+	}
+	if o.TproxyIpv6 != nil {
+		s.TProxyAddrV6 = tproxyAddr(p, "options.tproxy_ipv6", o.GetTproxyIpv6(), true)
+	}
 	s.ExcludeInboundPorts = ports(p, "options.exclude_inbound_ports", o.GetExcludeInboundPorts())
 	s.ExcludeOutboundPorts = ports(p, "options.exclude_outbound_ports", o.GetExcludeOutboundPorts())
 	s.ExcludeOutboundCIDRs = cidrs(p, o.GetExcludeOutboundCidrs(), s.IPv6)
 	return s
+}
+
+// tproxyAddr parses a TPROXY target: "" is none (the zero address), else
+// a unicast address of the field's family.
+func tproxyAddr(p *problems, field, in string, v6 bool) netip.Addr {
+	if in == "" {
+		return netip.Addr{}
+	}
+	a, err := netip.ParseAddr(in)
+	switch {
+	case err != nil:
+		p.addf("%s: %q is not an IP address", field, in)
+	case !v6 && !a.Is4():
+		p.addf("%s: %q is not an IPv4 address (e.g. 127.0.0.1)", field, in)
+	case v6 && (!a.Is6() || a.Is4In6()):
+		p.addf("%s: %q is not an IPv6 address (e.g. ::1)", field, in)
+	case a.Zone() != "":
+		p.addf("%s: %q has a zone", field, in)
+	case a.IsUnspecified() || a.IsMulticast():
+		p.addf("%s: %q is not a unicast address; give a local address such as loopback, or \"\" for none", field, in)
+	default:
+		return a
+	}
+	return netip.Addr{}
 }
 
 func ports(p *problems, field string, in []uint32) []uint16 {

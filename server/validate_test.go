@@ -1,6 +1,7 @@
 package server
 
 import (
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -71,6 +72,13 @@ func TestValidateAddRejects(t *testing.T) {
 			r.Options.ExcludeOutboundCidrs = []string{"fd00::/8"}
 		}, "IPv6 capture is off"},
 		{"unknown mode", func(r *nftredirv1.AddPodRequest) { r.Options.CaptureMode = 7 }, "capture_mode 7 is unknown"},
+		{"tproxy v4 not an address", func(r *nftredirv1.AddPodRequest) { r.Options.TproxyIpv4 = proto.String("localhost") }, `tproxy_ipv4: "localhost" is not an IP address`},
+		{"tproxy v4 given v6", func(r *nftredirv1.AddPodRequest) { r.Options.TproxyIpv4 = proto.String("::1") }, "tproxy_ipv4: \"::1\" is not an IPv4 address"},
+		{"tproxy v6 given v4", func(r *nftredirv1.AddPodRequest) { r.Options.TproxyIpv6 = proto.String("127.0.0.1") }, "tproxy_ipv6: \"127.0.0.1\" is not an IPv6 address"},
+		{"tproxy v6 mapped", func(r *nftredirv1.AddPodRequest) { r.Options.TproxyIpv6 = proto.String("::ffff:127.0.0.1") }, "is not an IPv6 address"},
+		{"tproxy unspecified", func(r *nftredirv1.AddPodRequest) { r.Options.TproxyIpv4 = proto.String("0.0.0.0") }, "not a unicast address"},
+		{"tproxy multicast", func(r *nftredirv1.AddPodRequest) { r.Options.TproxyIpv6 = proto.String("ff02::1") }, "not a unicast address"},
+		{"tproxy zone", func(r *nftredirv1.AddPodRequest) { r.Options.TproxyIpv6 = proto.String("fe80::1%eth0") }, "has a zone"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -149,6 +157,60 @@ func TestValidateAddTakesDefaults(t *testing.T) {
 	if a.spec.Mode != nft.ModeRedirect || !a.spec.CaptureDNS || a.spec.OutboundPort != 16001 || a.spec.PodID != "p" {
 		t.Errorf("defaults not applied: %+v", a.spec)
 	}
+}
+
+// The TPROXY target: unset takes the daemon default, "" is none, an
+// address is taken; the record keeps it, and the API shows it.
+func TestValidateTProxyTarget(t *testing.T) {
+	d := nft.DefaultSpec("")
+	d.TProxyAddrV6 = netip.MustParseAddr("fd00::1")
+	for _, tc := range []struct {
+		name   string
+		v4, v6 *string
+		want4  string
+		want6  string
+	}{
+		{"unset", nil, nil, "127.0.0.1", "fd00::1"},
+		{"none", proto.String(""), proto.String(""), "", ""},
+		{"given", proto.String("10.244.1.7"), proto.String("::1"), "10.244.1.7", "::1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := validAdd()
+			req.Options.TproxyIpv4, req.Options.TproxyIpv6 = tc.v4, tc.v6
+			a, err := validateAdd(req, d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := addrText(a.spec.TProxyAddrV4); got != tc.want4 {
+				t.Errorf("tproxy v4 = %q, want %q", got, tc.want4)
+			}
+			if got := addrText(a.spec.TProxyAddrV6); got != tc.want6 {
+				t.Errorf("tproxy v6 = %q, want %q", got, tc.want6)
+			}
+			rec := &Record{PodUID: req.PodUid, Spec: specRecord(a.spec)}
+			back, err := rec.Spec.spec(req.PodUid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if back.TProxyAddrV4 != a.spec.TProxyAddrV4 || back.TProxyAddrV6 != a.spec.TProxyAddrV6 {
+				t.Errorf("record round trip: %v %v, want %v %v", back.TProxyAddrV4, back.TProxyAddrV6, a.spec.TProxyAddrV4, a.spec.TProxyAddrV6)
+			}
+			opts := rec.toProto().GetOptions()
+			if opts.TproxyIpv4 == nil || opts.GetTproxyIpv4() != tc.want4 || opts.TproxyIpv6 == nil || opts.GetTproxyIpv6() != tc.want6 {
+				t.Errorf("API options show %v %v, want %q %q", opts.TproxyIpv4, opts.TproxyIpv6, tc.want4, tc.want6)
+			}
+			if _, err := nft.Build(a.spec); err != nil {
+				t.Errorf("a validated request must build: %v", err)
+			}
+		})
+	}
+}
+
+func addrText(a netip.Addr) string {
+	if !a.IsValid() {
+		return ""
+	}
+	return a.String()
 }
 
 func TestValidateUID(t *testing.T) {

@@ -77,6 +77,8 @@ type options struct {
 	rulePriority int
 	probeV4      addrValue
 	probeV6      addrValue
+	tproxyV4     addrValue
+	tproxyV6     addrValue
 
 	kubernetes   bool
 	kubeconfig   string
@@ -134,6 +136,8 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 		tproxyMark: markValue{Value: 0x111, Mask: 0xfff},
 		probeV4:    addrValue{netip.MustParseAddr("169.254.7.127")},
 		probeV6:    addrValue{netip.MustParseAddr("fd16:9254:7127:1337:ffff:ffff:ffff:ffff")},
+		tproxyV4:   addrValue{nft.DefaultTProxyAddrV4},
+		tproxyV6:   addrValue{nft.DefaultTProxyAddrV6},
 	}
 	// The Downward API's usual variable; NFTREDIR_NODE_NAME still wins.
 	nodeNameDefault, _ := lookupEnv("NODE_NAME")
@@ -181,6 +185,8 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.StringVar(&o.modeLabel, "dataplane-mode-label", kube.DefaultModeLabel, "label `key` on a namespace or pod that selects capture in Kubernetes mode")
 	fs.StringVar(&o.modeEnabled, "dataplane-mode-enabled", kube.DefaultModeEnabled, "label `value` that opts a namespace or pod in")
 	fs.StringVar(&o.modeDisabled, "dataplane-mode-disabled", kube.DefaultModeDisabled, "label `value` that opts a pod out even in an opted-in namespace")
+	fs.Var(&o.tproxyV4, "tproxy-ipv4", "default `address` TPROXY mode hands inbound TCP to, where the proxy's transparent listeners are looked up (loopback serves loopback-bound and wildcard listeners); empty: none, only wildcard listeners are reached")
+	fs.Var(&o.tproxyV6, "tproxy-ipv6", "default IPv6 TPROXY target `address`; empty: none")
 	fs.Usage = func() {}
 	for {
 		if err := fs.Parse(args); err != nil {
@@ -331,6 +337,8 @@ func (o *options) check() error {
 		TProxyMark:       nft.Mark(o.tproxyMark),
 		ProbeSourceV4:    o.probeV4.Addr,
 		ProbeSourceV6:    o.probeV6.Addr,
+		TProxyAddrV4:     o.tproxyV4.Addr,
+		TProxyAddrV6:     o.tproxyV6.Addr,
 		CaptureDNS:       o.dnsCapture,
 		IPv6:             o.ipv6,
 	}

@@ -37,7 +37,23 @@ func equalSpec(a, b nft.Spec) bool {
 	return a.Mode == b.Mode && a.OutboundPort == b.OutboundPort && a.InboundPort == b.InboundPort &&
 		a.InboundHBONEPort == b.InboundHBONEPort && a.DNSPort == b.DNSPort && a.ProxyMark == b.ProxyMark &&
 		a.TProxyMark == b.TProxyMark && a.ProbeSourceV4 == b.ProbeSourceV4 && a.ProbeSourceV6 == b.ProbeSourceV6 &&
+		a.TProxyAddrV4 == b.TProxyAddrV4 && a.TProxyAddrV6 == b.TProxyAddrV6 &&
 		a.CaptureDNS == b.CaptureDNS && a.IPv6 == b.IPv6
+}
+
+func TestFlagTProxyTargets(t *testing.T) {
+	o, err := parseFlags([]string{"--tproxy-ipv4", "10.0.0.1", "--tproxy-ipv6="}, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.spec.TProxyAddrV4.String() != "10.0.0.1" || o.spec.TProxyAddrV6.IsValid() {
+		t.Errorf("tproxy targets %v %v, want 10.0.0.1 and none", o.spec.TProxyAddrV4, o.spec.TProxyAddrV6)
+	}
+	for _, args := range [][]string{{"--tproxy-ipv4", "::1"}, {"--tproxy-ipv6", "127.0.0.1"}, {"--tproxy-ipv4", "224.0.0.1"}} {
+		if _, err := parseFlags(args, env(nil), io.Discard); err == nil {
+			t.Errorf("%v accepted", args)
+		}
+	}
 }
 
 func TestFlagWinsOverEnv(t *testing.T) {

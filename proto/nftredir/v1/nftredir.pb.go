@@ -284,8 +284,20 @@ type RedirectOptions struct {
 	// only" mode: only the pod's outbound traffic is captured and inbound
 	// connections reach the application directly.
 	InboundCapture *bool `protobuf:"varint,7,opt,name=inbound_capture,json=inboundCapture,proto3,oneof" json:"inbound_capture,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// TPROXY mode: the IPv4 address inbound TCP (to the plaintext and HBONE
+	// ports) is handed to, i.e. where the proxy's transparent listeners are
+	// looked up. Loopback ("127.0.0.1", as Istio's in-pod rules use) reaches
+	// listeners bound to loopback and to the wildcard address alike; the
+	// accepted socket's local address stays the original destination. Unset:
+	// the daemon default (127.0.0.1 unless configured). "" means no address:
+	// the kernel looks the listener up at the pod interface's own address,
+	// which only wildcard listeners serve. Otherwise an IPv4 unicast address.
+	TproxyIpv4 *string `protobuf:"bytes,8,opt,name=tproxy_ipv4,json=tproxyIpv4,proto3,oneof" json:"tproxy_ipv4,omitempty"`
+	// The same for IPv6 (daemon default "::1"). Unused when IPv6 capture is
+	// off.
+	TproxyIpv6    *string `protobuf:"bytes,9,opt,name=tproxy_ipv6,json=tproxyIpv6,proto3,oneof" json:"tproxy_ipv6,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RedirectOptions) Reset() {
@@ -365,6 +377,20 @@ func (x *RedirectOptions) GetInboundCapture() bool {
 		return *x.InboundCapture
 	}
 	return false
+}
+
+func (x *RedirectOptions) GetTproxyIpv4() string {
+	if x != nil && x.TproxyIpv4 != nil {
+		return *x.TproxyIpv4
+	}
+	return ""
+}
+
+func (x *RedirectOptions) GetTproxyIpv6() string {
+	if x != nil && x.TproxyIpv6 != nil {
+		return *x.TproxyIpv6
+	}
+	return ""
 }
 
 // AddPodRequest enrols one pod. JSON field names (as grpcurl takes them) are
@@ -1185,7 +1211,7 @@ var File_nftredir_v1_nftredir_proto protoreflect.FileDescriptor
 
 const file_nftredir_v1_nftredir_proto_rawDesc = "" +
 	"\n" +
-	"\x1anftredir/v1/nftredir.proto\x12\vnftredir.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x88\x03\n" +
+	"\x1anftredir/v1/nftredir.proto\x12\vnftredir.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf4\x03\n" +
 	"\x0fRedirectOptions\x12;\n" +
 	"\fcapture_mode\x18\x01 \x01(\x0e2\x18.nftredir.v1.CaptureModeR\vcaptureMode\x122\n" +
 	"\x15exclude_inbound_ports\x18\x02 \x03(\rR\x13excludeInboundPorts\x124\n" +
@@ -1194,10 +1220,16 @@ const file_nftredir_v1_nftredir_proto_rawDesc = "" +
 	"\vdns_capture\x18\x05 \x01(\bH\x00R\n" +
 	"dnsCapture\x88\x01\x01\x12\x17\n" +
 	"\x04ipv6\x18\x06 \x01(\bH\x01R\x04ipv6\x88\x01\x01\x12,\n" +
-	"\x0finbound_capture\x18\a \x01(\bH\x02R\x0einboundCapture\x88\x01\x01B\x0e\n" +
+	"\x0finbound_capture\x18\a \x01(\bH\x02R\x0einboundCapture\x88\x01\x01\x12$\n" +
+	"\vtproxy_ipv4\x18\b \x01(\tH\x03R\n" +
+	"tproxyIpv4\x88\x01\x01\x12$\n" +
+	"\vtproxy_ipv6\x18\t \x01(\tH\x04R\n" +
+	"tproxyIpv6\x88\x01\x01B\x0e\n" +
 	"\f_dns_captureB\a\n" +
 	"\x05_ipv6B\x12\n" +
-	"\x10_inbound_capture\"\x9a\x02\n" +
+	"\x10_inbound_captureB\x0e\n" +
+	"\f_tproxy_ipv4B\x0e\n" +
+	"\f_tproxy_ipv6\"\x9a\x02\n" +
 	"\rAddPodRequest\x12\x17\n" +
 	"\apod_uid\x18\x01 \x01(\tR\x06podUid\x12\x19\n" +
 	"\bpod_name\x18\x02 \x01(\tR\apodName\x12#\n" +
