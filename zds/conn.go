@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"golang.org/x/sys/unix"
 
 	"github.com/nftredir/nftredir/netns"
 	zdspb "github.com/nftredir/nftredir/proto/istio/workload/zds"
@@ -213,21 +212,8 @@ func (c *conn) shutdown(err error) {
 	})
 }
 
-func (c *conn) logPeer() {
-	raw, err := c.uc.SyscallConn()
-	if err != nil {
-		return
-	}
-	raw.Control(func(fd uintptr) {
-		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
-			c.log = c.log.With("peer_pid", cred.Pid, "peer_uid", cred.Uid)
-		}
-	})
-}
-
 // run serves the connection until it fails or the server stops.
 func (c *conn) run(ctx context.Context) {
-	c.logPeer()
 	err := c.serve(ctx)
 	if err == nil {
 		err = ErrClosed

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/nftredir/nftredir/internal/peercred"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 	"github.com/nftredir/nftredir/probe"
@@ -176,7 +177,7 @@ func serve(opts *options, root hclog.Logger) error {
 	)
 	if opts.zdsSocket != "" {
 		// The source is read only once serving starts, after srv is set.
-		zs, err = newZDS(guard, func() ([]zds.Pod, error) { return srv.ZDSPods() }, root)
+		zs, err = newZDS(opts, guard, func() ([]zds.Pod, error) { return srv.ZDSPods() }, root)
 		if err != nil {
 			return err
 		}
@@ -207,7 +208,7 @@ func serve(opts *options, root hclog.Logger) error {
 		defer zs.stop(root)
 	}
 	root.Info("listening", "socket", opts.socket, "state_dir", opts.stateDir, "allow_uids", opts.allowUIDs.String(), "allow_gids", opts.allowGIDs.String(), "socket_group", opts.socketGroup,
-		"zds_socket", opts.zdsSocket, "zds_require_ack", opts.zdsRequireAck, "probe_snat", opts.probeSNAT, "node_netns", nodeNetnsName(opts.nodeNetns), "kubelet_uid", uint32(opts.kubeletUID))
+		"zds_socket", opts.zdsSocket, "zds_require_ack", opts.zdsRequireAck, "zds_allow_uids", opts.zdsAllowUIDs.String(), "zds_allow_gids", opts.zdsAllowGIDs.String(), "zds_socket_group", opts.zdsSocketGroup, "probe_snat", opts.probeSNAT, "node_netns", nodeNetnsName(opts.nodeNetns), "kubelet_uid", uint32(opts.kubeletUID))
 	return srv.Run(ctx, lis, opts.shutdownTimeout)
 }
 
@@ -221,8 +222,14 @@ type zdsServing struct {
 	done chan error
 }
 
-func newZDS(guard *netns.Guard, pods func() ([]zds.Pod, error), root hclog.Logger) (*zdsServing, error) {
-	srv, err := zds.NewServer(zds.Config{Pods: zds.PodSourceFunc(pods), Opener: guard, Logger: root.Named("zds")})
+func newZDS(opts *options, guard *netns.Guard, pods func() ([]zds.Pod, error), root hclog.Logger) (*zdsServing, error) {
+	srv, err := zds.NewServer(zds.Config{
+		Pods:        zds.PodSourceFunc(pods),
+		Opener:      guard,
+		Logger:      root.Named("zds"),
+		Allow:       peercred.NewAllowlist(opts.zdsAllowUIDs, opts.zdsAllowGIDs),
+		SocketGroup: opts.zdsSocketGroup,
+	})
 	if err != nil {
 		return nil, err
 	}
