@@ -36,6 +36,8 @@ type op struct {
 	attempts  int
 	notBefore time.Time
 	waiters   []chan<- error
+	// nsGone: for a NACKed del, the pod's namespace no longer exists.
+	nsGone bool
 }
 
 type phase int
@@ -81,6 +83,10 @@ type conn struct {
 	pending  map[string]*op
 	inflight *op
 	states   map[string]podState
+	// sent is what this connection last told the proxy of each pod it
+	// added, so that a NACKed delete can tell whether the pod's namespace
+	// is gone.
+	sent map[string]Pod
 	seq      uint64
 	dead     error
 }
@@ -95,6 +101,7 @@ func newConn(s *Server, uc *net.UnixConn, id uint64) *conn {
 		closing: make(chan struct{}),
 		pending: map[string]*op{},
 		states:  map[string]podState{},
+		sent:    map[string]Pod{},
 	}
 }
 
@@ -399,6 +406,24 @@ func sameNamespace(got, want netns.ID) bool {
 	return got.SameFile(want) && (got.Cookie == 0 || want.Cookie == 0 || got.Cookie == want.Cookie)
 }
 
+// namespaceGone reports whether the namespace this connection last sent
+// for uid no longer exists (or its path now leads elsewhere). Unknown
+// pods and namespaces that cannot be checked count as present.
+func (c *conn) namespaceGone(uid string) bool {
+	c.mu.Lock()
+	p, ok := c.sent[uid]
+	c.mu.Unlock()
+	if !ok || p.NetnsPath == "" {
+		return false
+	}
+	h, err := c.openPod(p)
+	if err == nil {
+		h.Close()
+		return false
+	}
+	return errors.Is(err, netns.ErrNotExist) || errors.Is(err, netns.ErrNotNetns) || errors.Is(err, errIDMismatch)
+}
+
 // permanent reports whether retrying to open the namespace is pointless:
 // it is gone, or is not the pod's any more. The daemon's reconcile
 // releases such pods.
@@ -440,6 +465,11 @@ func (c *conn) process(o *op, snapshot bool) error {
 		}
 		req = addRequest(o.pod)
 	}
+	if o.kind == opAdd && openErr == nil {
+		c.mu.Lock()
+		c.sent[uid] = o.pod
+		c.mu.Unlock()
+	}
 	nack, err := c.roundTrip(req, h)
 	if errors.Is(err, errTooLarge) {
 		c.settle(o, log, "", err)
@@ -447,6 +477,9 @@ func (c *conn) process(o *op, snapshot bool) error {
 	}
 	if err != nil {
 		return err
+	}
+	if o.kind == opDel && nack != "" {
+		o.nsGone = c.namespaceGone(uid)
 	}
 	if openErr != nil {
 		if nack != "" {
@@ -481,6 +514,20 @@ func (c *conn) settle(o *op, log hclog.Logger, nack string, failure error) {
 			log.Warn("cannot open the pod's namespace for the node proxy", "error", failure, "retry", retry)
 		}
 		notify(waiters, fmt.Errorf("pod %s: %w", uid, failure))
+	case nack != "" && o.kind == opDel && (o.nsGone || o.attempts+1 >= c.s.cfg.MaxDelAttempts):
+		// Nothing is left for a retry to release, or the proxy has had
+		// its chances: retrying forever would only load both sides.
+		why := "the pod's namespace is gone"
+		if !o.nsGone {
+			why = fmt.Sprintf("refused %d times", o.attempts+1)
+		}
+		log.Warn("node proxy refused to delete the pod; giving up", "error", nack, "attempt", o.attempts+1, "reason", why)
+		notify(waiters, &NackError{UID: uid, Message: nack})
+		if !newer {
+			delete(c.states, uid)
+			delete(c.sent, uid)
+		}
+		return
 	case nack != "":
 		st = podState{phase: phaseNacked, detail: nack}
 		retry = true
@@ -497,6 +544,7 @@ func (c *conn) settle(o *op, log hclog.Logger, nack string, failure error) {
 	}
 	if o.kind == opDel && failure == nil && nack == "" {
 		delete(c.states, uid)
+		delete(c.sent, uid)
 		return
 	}
 	c.states[uid] = st

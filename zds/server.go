@@ -36,6 +36,9 @@ const (
 	DefaultRetryBackoff      = 500 * time.Millisecond
 	DefaultMaxRetryBackoff   = 30 * time.Second
 	DefaultAcceptInterval    = 200 * time.Millisecond
+	// DefaultMaxDelAttempts: with the default backoff, about two minutes
+	// of retries.
+	DefaultMaxDelAttempts = 8
 	// DefaultRefusalLogInterval keeps a caller refused in a loop from
 	// flooding the log.
 	DefaultRefusalLogInterval = 10 * time.Second
@@ -119,6 +122,10 @@ type Config struct {
 	// MaxRetryBackoff.
 	RetryBackoff    time.Duration
 	MaxRetryBackoff time.Duration
+	// MaxDelAttempts bounds how often a NACKed DelWorkload is sent. A
+	// removed pod is retried only while it may still matter to the
+	// proxy: never once its namespace is gone, and at most this often.
+	MaxDelAttempts int
 	// AcceptInterval spaces accepts of allowed callers, so a proxy
 	// reconnecting in a loop cannot exhaust the daemon. Refused callers
 	// are not spaced: they are dropped at once, so a flood of them cannot
@@ -162,6 +169,9 @@ func (c *Config) defaults() error {
 		if *d.v <= 0 {
 			*d.v = d.def
 		}
+	}
+	if c.MaxDelAttempts <= 0 {
+		c.MaxDelAttempts = DefaultMaxDelAttempts
 	}
 	if c.MaxRetryBackoff < c.RetryBackoff {
 		c.MaxRetryBackoff = c.RetryBackoff
