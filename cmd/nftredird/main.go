@@ -54,11 +54,17 @@ func run(args []string, lookupEnv func(string) (string, bool), stderr io.Writer)
 		fmt.Fprintf(stderr, "nftredird: %v\nRun nftredird --help for the flags.\n", err)
 		return 2
 	}
+	// A log reader that goes away must not kill the daemon: without
+	// this, Go exits on SIGPIPE when a write to fd 2 fails with EPIPE.
+	// Ignored, the write returns EPIPE and logWriter drops the line.
+	signal.Ignore(syscall.SIGPIPE)
+	out := newLogWriter(stderr, logQueueBytes, droppedNote(opts.logFormat == "json"))
+	defer out.Close(logFlushTimeout)
 	root := hclog.New(&hclog.LoggerOptions{
 		Name:       "nftredird",
 		Level:      opts.level,
 		JSONFormat: opts.logFormat == "json",
-		Output:     stderr,
+		Output:     out,
 		TimeFormat: time.RFC3339Nano,
 	})
 	if opts.command == cmdUninstall {
@@ -75,6 +81,9 @@ func run(args []string, lookupEnv func(string) (string, bool), stderr io.Writer)
 	root.Info("stopped")
 	return 0
 }
+
+// logFlushTimeout bounds the wait for the last log lines at exit.
+const logFlushTimeout = 2 * time.Second
 
 // uninstallTimeout bounds the uninstall command; deleting a table takes
 // milliseconds unless the node is in trouble.
