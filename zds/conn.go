@@ -87,8 +87,8 @@ type conn struct {
 	// added, so that a NACKed delete can tell whether the pod's namespace
 	// is gone.
 	sent map[string]Pod
-	seq      uint64
-	dead     error
+	seq  uint64
+	dead error
 }
 
 func newConn(s *Server, uc *net.UnixConn, id uint64) *conn {
