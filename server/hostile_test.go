@@ -1,9 +1,16 @@
 package server
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/netns"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
@@ -29,4 +36,21 @@ func TestRemovePodAfterThePodRenamedLoopback(t *testing.T) {
 	if recs := ts.records(t); len(recs) != 0 {
 		t.Errorf("records left: %v", recs)
 	}
+}
+
+// TestAddPodOnAHungMount: a netns_path on a mount that never answers gets
+// Unavailable in bounded time, changes nothing, and the daemon serves on.
+func TestAddPodOnAHungMount(t *testing.T) {
+	ts := startServer(t, true)
+	hung, _ := nstest.HungMount(t)
+	start := time.Now()
+	_, err := ts.add(t, "pod-hung", filepath.Join(hung, "netns"))
+	if status.Code(err) != codes.Unavailable || time.Since(start) > 3*netns.DefaultOpenTimeout {
+		t.Fatalf("AddPod on a hung mount: %v after %s; want Unavailable after about %s", err, time.Since(start), netns.DefaultOpenTimeout)
+	}
+	if recs := ts.records(t); len(recs) != 0 {
+		t.Errorf("records after the refused AddPod: %v", recs)
+	}
+	ns := newNetns(t)
+	ts.mustAdd(t, "pod-ok", ns.path)
 }
