@@ -348,7 +348,7 @@ func (c *conn) sendSnapshot() error {
 // roundTrip sends one request, with the namespace of h attached when h
 // is not nil, and waits for its ack. h is closed as soon as the packet is
 // written: the proxy holds its own copy from then on. Any error but
-// errTooLarge ends the connection: after a failed write or a missed ack
+// errUnsendable ends the connection: after a failed write or a missed ack
 // nothing later can be matched to its request.
 func (c *conn) roundTrip(req *zdspb.WorkloadRequest, h *netns.Handle) (string, error) {
 	fd := -1
@@ -471,7 +471,7 @@ func (c *conn) process(o *op, snapshot bool) error {
 		c.mu.Unlock()
 	}
 	nack, err := c.roundTrip(req, h)
-	if errors.Is(err, errTooLarge) {
+	if errors.Is(err, errUnsendable) {
 		c.settle(o, log, "", err)
 		return nil
 	}
@@ -507,7 +507,7 @@ func (c *conn) settle(o *op, log hclog.Logger, nack string, failure error) {
 	switch {
 	case failure != nil:
 		st = podState{phase: phaseUnavailable, detail: failure.Error()}
-		if errors.Is(failure, errTooLarge) {
+		if errors.Is(failure, errUnsendable) {
 			log.Error("pod cannot be sent over ZDS", "error", failure)
 		} else {
 			retry = !permanent(failure)
