@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -19,7 +18,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"golang.org/x/sys/unix"
 
 	"github.com/nftredir/nftredir/internal/nstest"
 	"github.com/nftredir/nftredir/internal/peercred"
@@ -48,33 +46,7 @@ func TestMain(m *testing.M) {
 func runPeerChild(path string) int {
 	n, _ := strconv.Atoi(os.Getenv(peerConnsEnv))
 	if n <= 1 {
-		c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
-		if err != nil {
-			fmt.Println("dial:", err)
-			return 1
-		}
-		defer c.Close()
-		c.Write(zdstest.HelloMsg(1))
-		packets, fds, closed := 0, 0, 0
-		deadline := time.Now().Add(2 * time.Second)
-		for {
-			c.SetReadDeadline(deadline)
-			buf, oob := make([]byte, 1024), make([]byte, unix.CmsgSpace(4*8))
-			m, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
-			if err != nil || m == 0 {
-				if err == nil || errors.Is(err, io.EOF) || errors.Is(err, unix.ECONNRESET) {
-					closed = 1
-				}
-				break
-			}
-			packets++
-			if oobn > 0 {
-				fds++
-			}
-			// Ack it, so the agent goes on to the next.
-			c.Write([]byte{0x0a, 0x00})
-		}
-		fmt.Printf("packets=%d fds=%d closed=%d\n", packets, fds, closed)
+		fmt.Println(zdstest.Probe(path, 2*time.Second))
 		return 0
 	}
 	var conns []*net.UnixConn
