@@ -8,7 +8,7 @@ export PATH := $(BIN):$(PATH)
 
 PKGS := ./...
 
-.PHONY: all build image test unit lint lint-go demo bench deps deps-k8s e2e-k8s clean
+.PHONY: all build image test unit lint lint-go demo bench deps deps-k8s e2e-k8s clean fuzz
 
 all: build
 
@@ -53,6 +53,31 @@ lint-go:
 # cores one package at a time is faster and calmer than contention.
 test: deps-k8s lint-go build
 	$(GO) test -p 1 -count=1 -timeout 15m $(PKGS)
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(CI_FUZZTIME)
+
+# Fuzz targets, package:name. Their seed corpora (testdata/fuzz/<name>/
+# and f.Add) run in every plain go test; make fuzz searches for new
+# inputs, each target for FUZZTIME, one after the other. make test runs
+# each briefly (CI_FUZZTIME). A crasher is written to the package's
+# testdata/fuzz/<name>/, where it stays as a regression test.
+FUZZTIME ?= 30s
+CI_FUZZTIME ?= 5s
+# FUZZFLAGS passes more go test flags, e.g. -parallel=1 on a shared machine.
+FUZZFLAGS ?=
+FUZZ_TARGETS := \
+	./server:FuzzValidateAdd \
+	./server:FuzzRecordDecode \
+	./cmd/nftredir-cni/internal/plugin:FuzzParseConf \
+	./cmd/nftredir-cni/internal/plugin:FuzzParseIdentity \
+	./zds:FuzzWire \
+	./zds:FuzzEncodeRequest
+
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "fuzz $$name in $$pkg for $(FUZZTIME)"; \
+		$(GO) test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) $(FUZZFLAGS) $$pkg; \
+	done
 
 # The Kubernetes cluster suite alone (e2e's TestK8s*, see internal/kcluster).
 e2e-k8s: deps-k8s

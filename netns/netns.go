@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -30,6 +32,22 @@ var (
 	// ErrNoAccess: the path exists but this process may not open it (in
 	// some sandboxes even root cannot open PID 1's namespace).
 	ErrNoAccess = errors.New("network namespace path is not accessible")
+	// ErrTimeout: opening the path did not finish in time, as on a hung
+	// FUSE or NFS mount, or too many earlier opens are still stuck. Nothing
+	// was opened; a later try may succeed.
+	ErrTimeout = errors.New("network namespace path did not answer in time")
+)
+
+// Defaults of GuardConfig.
+const (
+	// DefaultOpenTimeout: a namespace file opens in microseconds; a path
+	// that takes seconds is stuck.
+	DefaultOpenTimeout = 2 * time.Second
+	// DefaultMaxPendingOpens bounds the opens in the kernel at once. An
+	// open stuck on a hung mount cannot be interrupted and holds a thread
+	// until the mount answers or dies, so this is also how many threads
+	// hostile paths can take.
+	DefaultMaxPendingOpens = 16
 )
 
 // ID identifies a namespace: the device and inode of its nsfs file, and
@@ -113,14 +131,45 @@ func (h *Handle) Close() error {
 type Guard struct {
 	protected []ID
 	warnings  []string
+	timeout   time.Duration
+	// slots holds a token per open in the kernel.
+	slots chan struct{}
+
+	mu sync.Mutex
+	// protects the following field: the opens in the kernel by path,
+	// closed when each finishes, so one stuck path takes one slot however
+	// often it is retried
+	pending map[string]chan struct{}
+}
+
+// GuardConfig configures NewGuardConfig. Zero values take the defaults.
+type GuardConfig struct {
+	// Protect names extra namespaces to refuse; each must exist and be a
+	// network namespace.
+	Protect []string
+	// OpenTimeout bounds each Open.
+	OpenTimeout time.Duration
+	// MaxPendingOpens bounds the opens in the kernel at once.
+	MaxPendingOpens int
 }
 
 // NewGuard builds a Guard that protects this process's namespace, PID 1's
 // and the namespaces at extraProtected (each must exist and be a network
-// namespace).
+// namespace), with the default bounds.
 func NewGuard(extraProtected ...string) (*Guard, error) {
-	g := &Guard{}
-	for _, p := range append([]string{"/proc/self/ns/net", "/proc/1/ns/net"}, extraProtected...) {
+	return NewGuardConfig(GuardConfig{Protect: extraProtected})
+}
+
+// NewGuardConfig builds a Guard from cfg.
+func NewGuardConfig(cfg GuardConfig) (*Guard, error) {
+	if cfg.OpenTimeout <= 0 {
+		cfg.OpenTimeout = DefaultOpenTimeout
+	}
+	if cfg.MaxPendingOpens <= 0 {
+		cfg.MaxPendingOpens = DefaultMaxPendingOpens
+	}
+	g := &Guard{timeout: cfg.OpenTimeout, slots: make(chan struct{}, cfg.MaxPendingOpens), pending: map[string]chan struct{}{}}
+	for _, p := range append([]string{"/proc/self/ns/net", "/proc/1/ns/net"}, cfg.Protect...) {
 		id, err := statID(p)
 		if err != nil {
 			// PID 1's namespace is unreadable in some sandboxes (no
@@ -143,10 +192,86 @@ func (g *Guard) Warnings() []string { return append([]string(nil), g.warnings...
 // nsfs, be a network namespace, and not be a protected namespace. Symlinks
 // (including /proc/PID/ns/net) are followed; the checks apply to whatever
 // was actually opened.
+//
+// The caller chose the path, which may lead onto a hung FUSE or NFS mount
+// where open and stat block in the kernel, uninterruptibly. So the work
+// runs on its own goroutine and Open returns ErrTimeout after the
+// configured time; the stuck goroutine finishes (and closes what it
+// opened) whenever the mount answers or dies. At most MaxPendingOpens are
+// in the kernel at once, and a path with an open still in the kernel is
+// not opened again until that one finishes, so retries of a hung path do
+// not pile up threads.
 func (g *Guard) Open(path string) (*Handle, error) {
 	if !filepath.IsAbs(path) {
 		return nil, fmt.Errorf("%q: %w", path, ErrNotAbsolute)
 	}
+	timer := time.NewTimer(g.timeout)
+	defer timer.Stop()
+	var done chan struct{}
+	for done == nil {
+		g.mu.Lock()
+		earlier, busy := g.pending[path]
+		if !busy {
+			done = make(chan struct{})
+			g.pending[path] = done
+		}
+		g.mu.Unlock()
+		if busy {
+			select {
+			case <-earlier:
+			case <-timer.C:
+				return nil, fmt.Errorf("%s: an earlier open is still stuck after %s (a hung network or FUSE mount?): %w", path, g.timeout, ErrTimeout)
+			}
+		}
+	}
+	finish := func() {
+		g.mu.Lock()
+		delete(g.pending, path)
+		g.mu.Unlock()
+		close(done)
+	}
+	select {
+	case g.slots <- struct{}{}:
+	case <-timer.C:
+		finish()
+		return nil, fmt.Errorf("%s: %d earlier opens are stuck (hung mounts?): %w", path, cap(g.slots), ErrTimeout)
+	}
+	type result struct {
+		h   *Handle
+		err error
+	}
+	// Unbuffered: the result is either taken by the caller or, once the
+	// caller has given up, closed by the goroutine; never both, never
+	// neither.
+	res := make(chan result)
+	abandoned := make(chan struct{})
+	go func() {
+		defer func() { <-g.slots }()
+		defer finish()
+		h, err := g.open(path)
+		select {
+		case res <- result{h, err}:
+		case <-abandoned:
+			h.Close()
+		}
+	}()
+	select {
+	case r := <-res:
+		return r.h, r.err
+	case <-timer.C:
+		close(abandoned)
+		// The result may be ready just now.
+		select {
+		case r := <-res:
+			return r.h, r.err
+		default:
+		}
+		return nil, fmt.Errorf("%s did not answer within %s (a hung network or FUSE mount?): %w", path, g.timeout, ErrTimeout)
+	}
+}
+
+// open does Open's work on the calling goroutine.
+func (g *Guard) open(path string) (*Handle, error) {
 	// O_PATH first: opening a device for reading can have side effects
 	// (a watchdog starts counting, a tape rewinds), and the caller chose
 	// the path. Only a file on nsfs is then opened for real, through the

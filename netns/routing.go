@@ -102,13 +102,32 @@ func (r Routing) route(family int, loIndex int) *netlink.Route {
 	}
 }
 
+// loopbackIndex is the loopback device's index in every network
+// namespace: the kernel registers it first and it can be neither deleted
+// nor moved. Its name is the pod's to change (`ip link set lo name x`),
+// so it is never looked up by name.
+const loopbackIndex = 1
+
+// loopback finds the namespace's loopback device by index, checking that
+// it is one.
+func loopback(nh *netlink.Handle) (netlink.Link, error) {
+	lo, err := nh.LinkByIndex(loopbackIndex)
+	if err != nil {
+		return nil, fmt.Errorf("find the loopback device (index %d): %w", loopbackIndex, err)
+	}
+	if lo.Attrs().Flags&net.FlagLoopback == 0 {
+		return nil, fmt.Errorf("device %d (%s) is not a loopback device", loopbackIndex, lo.Attrs().Name)
+	}
+	return lo, nil
+}
+
 // families returns AF_INET and, when loopback has IPv6, AF_INET6. A
 // namespace with IPv6 disabled refuses v6 routes, so it is skipped rather
 // than failed.
 func families(nh *netlink.Handle) (lo netlink.Link, fams []int, err error) {
-	lo, err = nh.LinkByName("lo")
+	lo, err = loopback(nh)
 	if err != nil {
-		return nil, nil, fmt.Errorf("find lo: %w", err)
+		return nil, nil, err
 	}
 	fams = []int{unix.AF_INET}
 	addrs, err := nh.AddrList(lo, unix.AF_INET6)
@@ -133,9 +152,9 @@ func EnsureRouting(h *Handle, r Routing) error {
 		return err
 	}
 	defer nh.Close()
-	lo, err := nh.LinkByName("lo")
+	lo, err := loopback(nh)
 	if err != nil {
-		return fmt.Errorf("find lo: %w", err)
+		return err
 	}
 	if lo.Attrs().Flags&net.FlagUp == 0 {
 		// A local route through a down lo is rejected (ENETDOWN), and lo
@@ -163,17 +182,18 @@ func EnsureRouting(h *Handle, r Routing) error {
 }
 
 // RemoveRouting deletes the rule and then the route for each family. It
-// succeeds when they are already gone.
+// succeeds when they are already gone, and needs nothing else from the
+// namespace: whatever the pod did to it (renamed or downed its loopback,
+// deleted our entries, added rules of its own at our priority), release
+// must stay possible. Rules are matched on every attribute of ours, so a
+// foreign rule at the same priority is left alone; the route is matched
+// without its device.
 func RemoveRouting(h *Handle, r Routing) error {
 	nh, err := routeHandle(h)
 	if err != nil {
 		return err
 	}
 	defer nh.Close()
-	lo, err := nh.LinkByName("lo")
-	if err != nil {
-		return fmt.Errorf("find lo: %w", err)
-	}
 	var errs []error
 	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
 		// The kernel deletes at most one matching rule per call; loop in
@@ -187,7 +207,9 @@ func RemoveRouting(h *Handle, r Routing) error {
 				break
 			}
 		}
-		if err := nh.RouteDel(r.route(fam, lo.Attrs().Index)); err != nil && !isGone(err) {
+		// The kernel deletes the first route matching what is given;
+		// with no device (index 0) any device's matches.
+		if err := nh.RouteDel(r.route(fam, 0)); err != nil && !isGone(err) {
 			errs = append(errs, fmt.Errorf("delete local route (family %d): %w", fam, err))
 		}
 	}

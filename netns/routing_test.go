@@ -202,3 +202,86 @@ func TestRoutingValidate(t *testing.T) {
 	}
 	wantNone(t, ns, "-4")
 }
+
+// TestRoutingReleaseWhateverThePodDid: a pod owns its namespace and may
+// do anything to it after enrolment; RemoveRouting must still release it,
+// and leave what is not ours.
+func TestRoutingReleaseWhateverThePodDid(t *testing.T) {
+	if !nstest.HaveIPv6() {
+		t.Skip("kernel without IPv6")
+	}
+	for _, tc := range []struct {
+		name string
+		// what the pod does after EnsureRouting
+		lines []string
+		// lines that must survive the release
+		keep []string
+	}{
+		{name: "renamed lo", lines: []string{"link set lo down", "link set lo name podlo", "link set podlo up"}},
+		{name: "lo down", lines: []string{"link set lo down"}},
+		{name: "rule and route already deleted", lines: []string{
+			"-4 rule del fwmark 0x111/0xfff pref 32764 lookup 100",
+			"-6 rule del fwmark 0x111/0xfff pref 32764 lookup 100",
+			"-4 route del local default dev lo table 100",
+			"-6 route del local default dev lo table 100",
+		}},
+		{name: "foreign rules at our priority", lines: []string{
+			"-4 rule add pref 32764 fwmark 0x222/0xfff lookup 200",
+			"-6 rule add pref 32764 lookup main",
+		}, keep: []string{"fwmark 0x222/0xfff lookup 200", "32764:\tfrom all lookup main"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := nstest.NewNetns(t)
+			h := openNetns(t, ns)
+			r := netns.DefaultRouting()
+			if err := netns.EnsureRouting(h, r); err != nil {
+				t.Fatal(err)
+			}
+			for _, l := range tc.lines {
+				ns.IP(t, strings.Fields(l)...)
+			}
+			if _, err := netns.InspectRouting(h, r); err != nil {
+				t.Errorf("InspectRouting: %v", err)
+			}
+			for i := range 2 {
+				if err := netns.RemoveRouting(h, r); err != nil {
+					t.Fatalf("RemoveRouting #%d: %v", i+1, err)
+				}
+			}
+			rules := ns.IP(t, "-4", "rule", "show") + ns.IP(t, "-6", "rule", "show")
+			for _, l := range strings.Split(rules, "\n") {
+				if strings.Contains(l, "fwmark 0x111/0xfff") {
+					t.Errorf("our rule left: %q", l)
+				}
+			}
+			routes := ns.IP(t, "-4", "route", "show", "table", "all") + ns.IP(t, "-6", "route", "show", "table", "all")
+			if strings.Contains(routes, "table 100") {
+				t.Errorf("our route left:\n%s", routes)
+			}
+			for _, k := range tc.keep {
+				if !strings.Contains(rules, k) {
+					t.Errorf("the pod's rule %q was removed:\n%s", k, rules)
+				}
+			}
+			if st := inspect(t, h); !st.Absent() {
+				t.Errorf("after RemoveRouting: %+v, want absent", st)
+			}
+		})
+	}
+}
+
+// TestRoutingWithRenamedLoopback: a pod may rename lo before enrolment.
+func TestRoutingWithRenamedLoopback(t *testing.T) {
+	if !nstest.HaveIPv6() {
+		t.Skip("kernel without IPv6")
+	}
+	ns := nstest.NewNetns(t)
+	ns.IPBatch(t, "link set lo name podlo", "link set podlo up")
+	h := openNetns(t, ns)
+	if err := netns.EnsureRouting(h, netns.DefaultRouting()); err != nil {
+		t.Fatalf("EnsureRouting: %v", err)
+	}
+	if st := inspect(t, h); !st.Complete() {
+		t.Errorf("InspectRouting: %+v, want complete", st)
+	}
+}

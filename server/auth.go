@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"slices"
 	"strings"
 	"syscall"
 
@@ -15,6 +14,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	"github.com/nftredir/nftredir/internal/peercred"
 )
 
 // PeerCredentials is the server-side transport credential for a Unix
@@ -31,6 +32,17 @@ type PeerInfo struct {
 	// Ucred is nil when the credentials could not be read (not a Unix
 	// socket); such callers are refused as unauthenticated.
 	Ucred *unix.Ucred
+	// Groups are the caller's supplementary groups at connect(2), nil
+	// when the kernel cannot say.
+	Groups []uint32
+}
+
+// cred is the identity the allowlist checks, nil when unknown.
+func (i PeerInfo) cred() *peercred.Cred {
+	if i.Ucred == nil {
+		return nil
+	}
+	return &peercred.Cred{PID: i.Ucred.Pid, UID: i.Ucred.Uid, GID: i.Ucred.Gid, Groups: i.Groups}
 }
 
 // AuthType names the scheme in logs and in grpc's peer info.
@@ -43,12 +55,13 @@ func (PeerCredentials) ServerHandshake(conn net.Conn) (net.Conn, credentials.Aut
 	info := PeerInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.PrivacyAndIntegrity}}
 	if sc, ok := conn.(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {
-			var cred *unix.Ucred
+			var cred *peercred.Cred
 			var credErr error
 			if err := raw.Control(func(fd uintptr) {
-				cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+				cred, credErr = peercred.FromFd(int(fd))
 			}); err == nil && credErr == nil {
-				info.Ucred = cred
+				info.Ucred = &unix.Ucred{Pid: cred.PID, Uid: cred.UID, Gid: cred.GID}
+				info.Groups = cred.Groups
 			}
 		}
 	}
@@ -73,18 +86,19 @@ func (c PeerCredentials) Clone() credentials.TransportCredentials { return c }
 // Deprecated: required by the interface only.
 func (PeerCredentials) OverrideServerName(string) error { return nil }
 
-// allowList says which callers besides root may use the API.
+// allowList says which callers besides root may use the API; the ZDS
+// socket checks its callers with the same rules (peercred).
 type allowList struct {
-	uids, gids []uint32
+	peercred.Allowlist
 }
 
 func newAllowList(uids, gids []uint32) allowList {
-	return allowList{uids: slices.Clone(uids), gids: slices.Clone(gids)}
+	return allowList{peercred.NewAllowlist(uids, gids)}
 }
 
-// authorize checks the caller's SO_PEERCRED. Only the primary gid is
-// known from the socket; supplementary groups would need /proc/PID, which
-// a caller can race by exiting.
+// authorize checks the caller's credentials as the kernel recorded them at
+// connect(2): uid, primary gid and supplementary groups (SO_PEERGROUPS),
+// none of which the caller can change or race afterwards.
 func (a allowList) authorize(ctx context.Context) error {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
@@ -94,10 +108,10 @@ func (a allowList) authorize(ctx context.Context) error {
 	if !ok || info.Ucred == nil {
 		return status.Error(codes.Unauthenticated, "caller's credentials could not be read; connect over nftredird's Unix socket")
 	}
-	c := info.Ucred
-	if c.Uid == 0 || slices.Contains(a.uids, c.Uid) || slices.Contains(a.gids, c.Gid) {
+	if a.Allows(info.cred()) {
 		return nil
 	}
+	c := info.Ucred
 	return status.Errorf(codes.PermissionDenied, "caller uid %d gid %d is not allowed; start nftredird with --allow-uid/--allow-gid", c.Uid, c.Gid)
 }
 

@@ -62,6 +62,12 @@ func toStatus(err error) error {
 		return status.Errorf(codes.FailedPrecondition, "netns_path: %v; pods on the host network cannot be enrolled", err)
 	case errors.Is(err, netns.ErrNoAccess):
 		return status.Errorf(codes.FailedPrecondition, "netns_path: %v; the daemon may not open it, so it cannot be enrolled", err)
+	case errors.Is(err, netns.ErrTimeout):
+		// Unavailable, not DeadlineExceeded: the daemon, not the caller's
+		// deadline, gave up, nothing was changed, and the same call may
+		// succeed once the mount answers. DeadlineExceeded would read as
+		// the caller's own deadline having been too short.
+		return status.Errorf(codes.Unavailable, "netns_path: %v; nothing was changed, retry once the mount answers", err)
 	case errors.Is(err, errNetnsInUse):
 		return status.Errorf(codes.FailedPrecondition, "%v", err)
 	case errors.As(err, new(*newerError)):

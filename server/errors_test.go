@@ -26,6 +26,7 @@ func TestToStatus(t *testing.T) {
 		{"not netns", &openPathError{wrap(netns.ErrNotNetns)}, codes.FailedPrecondition},
 		{"host netns", &openPathError{wrap(netns.ErrHostNetns)}, codes.FailedPrecondition},
 		{"no access", &openPathError{wrap(netns.ErrNoAccess)}, codes.FailedPrecondition},
+		{"hung mount", &openPathError{wrap(netns.ErrTimeout)}, codes.Unavailable},
 		{"in use", netnsInUse("/run/netns/x", netns.ID{Dev: 4, Ino: 9}, "other"), codes.FailedPrecondition},
 		{"socket at path", &openPathError{wrap(unix.ENXIO)}, codes.FailedPrecondition},
 		{"symlink loop", &openPathError{wrap(unix.ELOOP)}, codes.FailedPrecondition},

@@ -464,13 +464,16 @@ func TestPeerCredentialDenial(t *testing.T) {
 	copyFile(t, exe, bin)
 
 	for _, tc := range []struct {
-		name string
-		opt  serverOpt
-		want string
+		name   string
+		opt    serverOpt
+		groups []uint32
+		want   string
 	}{
-		{"not allowed", func(*Config) {}, "PermissionDenied|caller uid 65534 gid 65534 is not allowed; start nftredird with --allow-uid/--allow-gid"},
-		{"uid allowed", func(c *Config) { c.AllowUIDs = []uint32{65534} }, "OK|"},
-		{"gid allowed", func(c *Config) { c.AllowGIDs = []uint32{65534} }, "OK|"},
+		{"not allowed", func(*Config) {}, nil, "PermissionDenied|caller uid 65534 gid 65534 is not allowed; start nftredird with --allow-uid/--allow-gid"},
+		{"uid allowed", func(c *Config) { c.AllowUIDs = []uint32{65534} }, nil, "OK|"},
+		{"gid allowed", func(c *Config) { c.AllowGIDs = []uint32{65534} }, nil, "OK|"},
+		{"supplementary group allowed", func(c *Config) { c.AllowGIDs = []uint32{4245} }, []uint32{4245}, "OK|"},
+		{"other supplementary group", func(c *Config) { c.AllowGIDs = []uint32{4245} }, []uint32{4246}, "PermissionDenied|caller uid 65534 gid 65534 is not allowed; start nftredird with --allow-uid/--allow-gid"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ts := startServer(t, true, tc.opt)
@@ -484,7 +487,7 @@ func TestPeerCredentialDenial(t *testing.T) {
 			}
 			cmd := exec.Command(bin, "-test.run=^$")
 			cmd.Env = append(os.Environ(), dialEnv+"="+ts.socket)
-			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534, Groups: tc.groups}}
 			cmd.Stderr = io.Discard
 			out, err := cmd.Output()
 			if err != nil {

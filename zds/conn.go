@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"golang.org/x/sys/unix"
 
 	"github.com/nftredir/nftredir/netns"
 	zdspb "github.com/nftredir/nftredir/proto/istio/workload/zds"
@@ -37,6 +36,8 @@ type op struct {
 	attempts  int
 	notBefore time.Time
 	waiters   []chan<- error
+	// nsGone: for a NACKed del, the pod's namespace no longer exists.
+	nsGone bool
 }
 
 type phase int
@@ -82,8 +83,12 @@ type conn struct {
 	pending  map[string]*op
 	inflight *op
 	states   map[string]podState
-	seq      uint64
-	dead     error
+	// sent is what this connection last told the proxy of each pod it
+	// added, so that a NACKed delete can tell whether the pod's namespace
+	// is gone.
+	sent map[string]Pod
+	seq  uint64
+	dead error
 }
 
 func newConn(s *Server, uc *net.UnixConn, id uint64) *conn {
@@ -96,6 +101,7 @@ func newConn(s *Server, uc *net.UnixConn, id uint64) *conn {
 		closing: make(chan struct{}),
 		pending: map[string]*op{},
 		states:  map[string]podState{},
+		sent:    map[string]Pod{},
 	}
 }
 
@@ -213,21 +219,8 @@ func (c *conn) shutdown(err error) {
 	})
 }
 
-func (c *conn) logPeer() {
-	raw, err := c.uc.SyscallConn()
-	if err != nil {
-		return
-	}
-	raw.Control(func(fd uintptr) {
-		if cred, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
-			c.log = c.log.With("peer_pid", cred.Pid, "peer_uid", cred.Uid)
-		}
-	})
-}
-
 // run serves the connection until it fails or the server stops.
 func (c *conn) run(ctx context.Context) {
-	c.logPeer()
 	err := c.serve(ctx)
 	if err == nil {
 		err = ErrClosed
@@ -355,7 +348,7 @@ func (c *conn) sendSnapshot() error {
 // roundTrip sends one request, with the namespace of h attached when h
 // is not nil, and waits for its ack. h is closed as soon as the packet is
 // written: the proxy holds its own copy from then on. Any error but
-// errTooLarge ends the connection: after a failed write or a missed ack
+// errUnsendable ends the connection: after a failed write or a missed ack
 // nothing later can be matched to its request.
 func (c *conn) roundTrip(req *zdspb.WorkloadRequest, h *netns.Handle) (string, error) {
 	fd := -1
@@ -413,6 +406,24 @@ func sameNamespace(got, want netns.ID) bool {
 	return got.SameFile(want) && (got.Cookie == 0 || want.Cookie == 0 || got.Cookie == want.Cookie)
 }
 
+// namespaceGone reports whether the namespace this connection last sent
+// for uid no longer exists (or its path now leads elsewhere). Unknown
+// pods and namespaces that cannot be checked count as present.
+func (c *conn) namespaceGone(uid string) bool {
+	c.mu.Lock()
+	p, ok := c.sent[uid]
+	c.mu.Unlock()
+	if !ok || p.NetnsPath == "" {
+		return false
+	}
+	h, err := c.openPod(p)
+	if err == nil {
+		h.Close()
+		return false
+	}
+	return errors.Is(err, netns.ErrNotExist) || errors.Is(err, netns.ErrNotNetns) || errors.Is(err, errIDMismatch)
+}
+
 // permanent reports whether retrying to open the namespace is pointless:
 // it is gone, or is not the pod's any more. The daemon's reconcile
 // releases such pods.
@@ -454,13 +465,21 @@ func (c *conn) process(o *op, snapshot bool) error {
 		}
 		req = addRequest(o.pod)
 	}
+	if o.kind == opAdd && openErr == nil {
+		c.mu.Lock()
+		c.sent[uid] = o.pod
+		c.mu.Unlock()
+	}
 	nack, err := c.roundTrip(req, h)
-	if errors.Is(err, errTooLarge) {
+	if errors.Is(err, errUnsendable) {
 		c.settle(o, log, "", err)
 		return nil
 	}
 	if err != nil {
 		return err
+	}
+	if o.kind == opDel && nack != "" {
+		o.nsGone = c.namespaceGone(uid)
 	}
 	if openErr != nil {
 		if nack != "" {
@@ -488,13 +507,27 @@ func (c *conn) settle(o *op, log hclog.Logger, nack string, failure error) {
 	switch {
 	case failure != nil:
 		st = podState{phase: phaseUnavailable, detail: failure.Error()}
-		if errors.Is(failure, errTooLarge) {
+		if errors.Is(failure, errUnsendable) {
 			log.Error("pod cannot be sent over ZDS", "error", failure)
 		} else {
 			retry = !permanent(failure)
 			log.Warn("cannot open the pod's namespace for the node proxy", "error", failure, "retry", retry)
 		}
 		notify(waiters, fmt.Errorf("pod %s: %w", uid, failure))
+	case nack != "" && o.kind == opDel && (o.nsGone || o.attempts+1 >= c.s.cfg.MaxDelAttempts):
+		// Nothing is left for a retry to release, or the proxy has had
+		// its chances: retrying forever would only load both sides.
+		why := "the pod's namespace is gone"
+		if !o.nsGone {
+			why = fmt.Sprintf("refused %d times", o.attempts+1)
+		}
+		log.Warn("node proxy refused to delete the pod; giving up", "error", nack, "attempt", o.attempts+1, "reason", why)
+		notify(waiters, &NackError{UID: uid, Message: nack})
+		if !newer {
+			delete(c.states, uid)
+			delete(c.sent, uid)
+		}
+		return
 	case nack != "":
 		st = podState{phase: phaseNacked, detail: nack}
 		retry = true
@@ -511,6 +544,7 @@ func (c *conn) settle(o *op, log hclog.Logger, nack string, failure error) {
 	}
 	if o.kind == opDel && failure == nil && nack == "" {
 		delete(c.states, uid)
+		delete(c.sent, uid)
 		return
 	}
 	c.states[uid] = st

@@ -23,6 +23,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/nftredir/nftredir/internal/peercred"
 	"github.com/nftredir/nftredir/netns"
 )
 
@@ -35,6 +36,12 @@ const (
 	DefaultRetryBackoff      = 500 * time.Millisecond
 	DefaultMaxRetryBackoff   = 30 * time.Second
 	DefaultAcceptInterval    = 200 * time.Millisecond
+	// DefaultMaxDelAttempts: with the default backoff, about two minutes
+	// of retries.
+	DefaultMaxDelAttempts = 8
+	// DefaultRefusalLogInterval keeps a caller refused in a loop from
+	// flooding the log.
+	DefaultRefusalLogInterval = 10 * time.Second
 )
 
 // Errors a PodAddedWait caller can tell apart.
@@ -115,9 +122,26 @@ type Config struct {
 	// MaxRetryBackoff.
 	RetryBackoff    time.Duration
 	MaxRetryBackoff time.Duration
-	// AcceptInterval spaces accepts, so a proxy reconnecting in a loop
-	// cannot exhaust the daemon.
+	// MaxDelAttempts bounds how often a NACKed DelWorkload is sent. A
+	// removed pod is retried only while it may still matter to the
+	// proxy: never once its namespace is gone, and at most this often.
+	MaxDelAttempts int
+	// AcceptInterval spaces accepts of allowed callers, so a proxy
+	// reconnecting in a loop cannot exhaust the daemon. Refused callers
+	// are not spaced: they are dropped at once, so a flood of them cannot
+	// keep the real proxy waiting in the accept queue.
 	AcceptInterval time.Duration
+
+	// Allow says who besides root may connect. Whoever connects gets
+	// every enrolled pod's namespace and, as the newest connection, every
+	// later pod, so the zero value (root only) is the right default.
+	Allow peercred.Allowlist
+	// SocketGroup owns the socket (and the directory Listen creates), so
+	// its members can reach it; they still need Allow. 0 is root's group.
+	SocketGroup int
+	// RefusalLogInterval is the least time between two log lines about
+	// refused callers; the ones in between are counted in the next line.
+	RefusalLogInterval time.Duration
 }
 
 func (c *Config) defaults() error {
@@ -140,10 +164,14 @@ func (c *Config) defaults() error {
 		{&c.RetryBackoff, DefaultRetryBackoff},
 		{&c.MaxRetryBackoff, DefaultMaxRetryBackoff},
 		{&c.AcceptInterval, DefaultAcceptInterval},
+		{&c.RefusalLogInterval, DefaultRefusalLogInterval},
 	} {
 		if *d.v <= 0 {
 			*d.v = d.def
 		}
+	}
+	if c.MaxDelAttempts <= 0 {
+		c.MaxDelAttempts = DefaultMaxDelAttempts
 	}
 	if c.MaxRetryBackoff < c.RetryBackoff {
 		c.MaxRetryBackoff = c.RetryBackoff
@@ -167,18 +195,22 @@ type Stats struct {
 	// OpenFailures counts sends skipped because the pod's namespace could
 	// not be opened (or was another namespace).
 	OpenFailures uint64
+	// Refused counts connections closed unread because the caller is not
+	// allowed (or its credentials could not be read).
+	Refused uint64
 }
 
 type counters struct {
-	accepted, acks, nacks, ackTimeouts, retries, protocolErrors, openFailures atomic.Uint64
+	accepted, acks, nacks, ackTimeouts, retries, protocolErrors, openFailures, refused atomic.Uint64
 }
 
 // Server is the ZDS server. Create it with NewServer, then Listen and
 // Serve.
 type Server struct {
-	cfg   Config
-	log   hclog.Logger
-	stats counters
+	cfg     Config
+	log     hclog.Logger
+	stats   counters
+	refusal refusalLog
 
 	mu sync.Mutex
 	// protects the following fields
@@ -210,7 +242,7 @@ func (s *Server) Listen(path string) error {
 	if s.ln != nil {
 		return fmt.Errorf("zds server already listens on %s", s.path)
 	}
-	ln, err := listen(path)
+	ln, err := listen(path, s.cfg.SocketGroup)
 	if err != nil {
 		return err
 	}
@@ -241,8 +273,8 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 		}
 		uc, err := ln.AcceptUnix()
-		last = time.Now()
 		if err != nil {
+			last = time.Now()
 			if s.isClosed() || errors.Is(err, net.ErrClosed) {
 				s.Close()
 				s.wg.Wait()
@@ -251,8 +283,18 @@ func (s *Server) Serve(ctx context.Context) error {
 			s.log.Warn("accept failed", "error", err)
 			continue
 		}
+		// Checked before anything is read or sent, and before the pacing
+		// below counts the accept: a refused caller costs one getsockopt.
+		cred, err := peercred.FromConn(uc)
+		if err != nil || !s.cfg.Allow.Allows(cred) {
+			uc.Close()
+			s.stats.refused.Add(1)
+			s.refusal.note(s.log, cred, err, s.cfg.RefusalLogInterval)
+			continue
+		}
+		last = time.Now()
 		s.stats.accepted.Add(1)
-		c := s.newConn(uc)
+		c := s.newConn(uc, cred)
 		if c == nil {
 			uc.Close()
 			continue
@@ -293,7 +335,7 @@ func (s *Server) isClosed() bool {
 	return s.closed
 }
 
-func (s *Server) newConn(uc *net.UnixConn) *conn {
+func (s *Server) newConn(uc *net.UnixConn, cred *peercred.Cred) *conn {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -301,6 +343,7 @@ func (s *Server) newConn(uc *net.UnixConn) *conn {
 	}
 	s.nextID++
 	c := newConn(s, uc, s.nextID)
+	c.log = c.log.With("peer_pid", cred.PID, "peer_uid", cred.UID, "peer_gid", cred.GID)
 	s.all[c] = struct{}{}
 	return c
 }
@@ -402,5 +445,36 @@ func (s *Server) Stats() Stats {
 		Retries:        s.stats.retries.Load(),
 		ProtocolErrors: s.stats.protocolErrors.Load(),
 		OpenFailures:   s.stats.openFailures.Load(),
+		Refused:        s.stats.refused.Load(),
 	}
+}
+
+// refusalLog rate-limits the log lines about refused callers: the first
+// refusal is logged at once, later ones at most once per interval, each
+// line counting the refusals it stands for.
+type refusalLog struct {
+	mu sync.Mutex
+	// protects the following fields
+	last       time.Time
+	suppressed int
+}
+
+func (r *refusalLog) note(log hclog.Logger, cred *peercred.Cred, err error, interval time.Duration) {
+	r.mu.Lock()
+	now := time.Now()
+	if !r.last.IsZero() && now.Sub(r.last) < interval {
+		r.suppressed++
+		r.mu.Unlock()
+		return
+	}
+	suppressed := r.suppressed
+	r.last, r.suppressed = now, 0
+	r.mu.Unlock()
+	args := []any{"also_refused_since_last_line", suppressed}
+	if err != nil {
+		args = append(args, "error", err)
+	} else {
+		args = append(args, "peer_pid", cred.PID, "peer_uid", cred.UID, "peer_gid", cred.GID, "peer_groups", fmt.Sprint(cred.Groups))
+	}
+	log.Warn("refused a ZDS connection: the caller is not allowed (root, --zds-allow-uid, --zds-allow-gid); nothing was sent", args...)
 }

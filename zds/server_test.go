@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -496,4 +497,52 @@ func TestCloseFailsWaiters(t *testing.T) {
 	if _, err := os.Stat(f.path); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("socket still there after Close: %v", err)
 	}
+}
+
+// TestNackedDelIsBounded: a DelWorkload the proxy keeps refusing is not
+// retried forever: at most MaxDelAttempts times, and not at all once the
+// pod's namespace is gone. Both are logged.
+func TestNackedDelIsBounded(t *testing.T) {
+	logs := &syncBuffer{}
+	f := newFixture(t, func(c *zds.Config) {
+		c.MaxDelAttempts = 3
+		c.Logger = hclog.New(&hclog.LoggerOptions{Name: "zds", Level: hclog.Debug, Output: logs})
+	})
+	a := f.newPod("pod-a")
+	gone := f.newPod("pod-gone")
+	p := zdstest.Dial(t, f.path)
+	if snap := p.Handshake(); len(snap) != 2 {
+		t.Fatalf("snapshot %v, want both pods", snap)
+	}
+
+	f.src.del(a.UID)
+	f.srv.PodRemoved(a.UID)
+	for range 3 {
+		p.Expect(zdstest.Del, a.UID)
+		p.Ack("unknown workload")
+	}
+	p.ExpectQuiet(500 * time.Millisecond)
+	if !strings.Contains(logs.String(), "giving up") || !strings.Contains(logs.String(), "refused 3 times") {
+		t.Errorf("no log line says the delete was given up:\n%s", logs)
+	}
+
+	// The namespace dies with the pod (its bind mount goes; the empty
+	// file left is removed by the namespace's cleanup): one NACK ends it.
+	f.src.del(gone.UID)
+	if out, err := exec.Command("umount", "-l", gone.NetnsPath).CombinedOutput(); err != nil {
+		t.Fatalf("umount %s: %v: %s", gone.NetnsPath, err, out)
+	}
+	f.srv.PodRemoved(gone.UID)
+	p.Expect(zdstest.Del, gone.UID)
+	p.Ack("unknown workload")
+	p.ExpectQuiet(500 * time.Millisecond)
+	if !strings.Contains(logs.String(), "the pod's namespace is gone") {
+		t.Errorf("no log line says the namespace is gone:\n%s", logs)
+	}
+	// The connection still works.
+	b := f.newPod("pod-b")
+	f.srv.PodAdded(b)
+	p.Expect(zdstest.Add, b.UID)
+	p.Ack("")
+	f.waitState(b.UID, "acked")
 }

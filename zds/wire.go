@@ -22,8 +22,10 @@ const maxPacket = 1024
 // dropped.
 var errProtocol = errors.New("zds protocol error")
 
-// errTooLarge marks a request that would not fit the peer's buffer.
-var errTooLarge = errors.New("message larger than a ZDS packet")
+// errUnsendable marks a request that cannot be sent: it would not fit
+// the peer's buffer, or cannot be marshalled. Only that pod is affected;
+// the connection goes on.
+var errUnsendable = errors.New("request cannot be sent over ZDS")
 
 func addRequest(p Pod) *zdspb.WorkloadRequest {
 	return &zdspb.WorkloadRequest{Payload: &zdspb.WorkloadRequest_Add{Add: &zdspb.AddWorkload{
@@ -52,10 +54,10 @@ func snapshotSentRequest() *zdspb.WorkloadRequest {
 func encode(req *zdspb.WorkloadRequest) ([]byte, error) {
 	data, err := proto.Marshal(req)
 	if err != nil {
-		return nil, fmt.Errorf("marshal zds request: %w", err)
+		return nil, fmt.Errorf("%w: marshal: %v", errUnsendable, err)
 	}
 	if len(data) > maxPacket {
-		return nil, fmt.Errorf("%w: %d bytes (at most %d)", errTooLarge, len(data), maxPacket)
+		return nil, fmt.Errorf("%w: %d bytes, larger than a packet (at most %d)", errUnsendable, len(data), maxPacket)
 	}
 	return data, nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/nftredir/nftredir/client"
 	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/zdstest"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
@@ -26,7 +28,15 @@ import (
 // main, signals and exit codes are exercised without a separate build.
 const asDaemonEnv = "NFTREDIR_TEST_RUN_AS_DAEMON"
 
+// zdsProbeEnv makes the test binary a would-be node proxy on that socket
+// (run as another uid by TestDaemonZDSAllowlist).
+const zdsProbeEnv = "NFTREDIR_TEST_ZDS_PROBE"
+
 func TestMain(m *testing.M) {
+	if path := os.Getenv(zdsProbeEnv); path != "" {
+		fmt.Println(zdstest.Probe(path, 2*time.Second))
+		os.Exit(0)
+	}
 	if os.Getenv(asDaemonEnv) == "1" {
 		os.Args = append([]string{"nftredird"}, os.Args[1:]...)
 		main()
@@ -123,8 +133,9 @@ func TestDaemonLifecycle(t *testing.T) {
 	if fi.Mode().Perm() != 0o660 || fi.Sys().(*syscall.Stat_t).Gid != 1234 || fi.Sys().(*syscall.Stat_t).Uid != 0 {
 		t.Errorf("socket mode %#o owner %d:%d, want 0660 0:1234", fi.Mode().Perm(), fi.Sys().(*syscall.Stat_t).Uid, fi.Sys().(*syscall.Stat_t).Gid)
 	}
-	if di, _ := os.Stat(filepath.Dir(socket)); di.Mode().Perm() != 0o750 {
-		t.Errorf("socket dir mode %#o, want 0750", di.Mode().Perm())
+	// The daemon created the directory: it must let the socket's group in.
+	if di, _ := os.Stat(filepath.Dir(socket)); di.Mode().Perm() != 0o750 || di.Sys().(*syscall.Stat_t).Gid != 1234 {
+		t.Errorf("socket dir mode %#o group %d, want 0750 group 1234", di.Mode().Perm(), di.Sys().(*syscall.Stat_t).Gid)
 	}
 
 	second := startDaemon(t, args...)
@@ -303,5 +314,58 @@ func TestNotifyReadyAfterReconcile(t *testing.T) {
 	reconciled, notified := strings.Index(log, "reconcile done"), strings.Index(log, "notified systemd: READY=1")
 	if reconciled < 0 || notified < 0 || notified < reconciled {
 		t.Errorf("want the startup reconcile logged before READY=1; log:\n%s", log)
+	}
+}
+
+// TestDaemonZDSAllowlist: the ZDS flags reach the server. The socket and
+// the directory the daemon creates for it belong to --zds-socket-group;
+// of two uids in that group only the one --zds-allow-uid names gets the
+// snapshot, the other is dropped with nothing sent, and the log says so.
+func TestDaemonZDSAllowlist(t *testing.T) {
+	nstest.RequirePrivileged(t)
+	const group, allowed, refused = 4250, 4242, 4243
+	dir := t.TempDir()
+	for _, p := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(p, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	socket, zdsSocket := filepath.Join(dir, "run", "nftredir.sock"), filepath.Join(dir, "ztunnel", "ztunnel.sock")
+	d := startDaemon(t, "--socket", socket, "--state-dir", filepath.Join(dir, "pods"), "--log-format", "text", "--probe-snat=false",
+		"--zds-socket", zdsSocket, "--zds-socket-group", fmt.Sprint(group), "--zds-allow-uid", fmt.Sprint(allowed))
+	waitServing(t, socket)
+	for p, mode := range map[string]os.FileMode{zdsSocket: 0o660, filepath.Dir(zdsSocket): 0o750} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := fi.Sys().(*syscall.Stat_t); fi.Mode().Perm() != mode || st.Gid != group {
+			t.Errorf("%s: mode %#o group %d; want %#o group %d", p, fi.Mode().Perm(), st.Gid, mode, group)
+		}
+	}
+	bin := nstest.DialChildBinary(t)
+	probe := func(uid uint32) string {
+		cmd := exec.Command(bin, "-test.run=^$")
+		cmd.Env = []string{zdsProbeEnv + "=" + zdsSocket}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: group}}
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("probe as uid %d: %v", uid, err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	// No pods are enrolled: the snapshot is snapshot_sent alone.
+	if got := probe(allowed); !strings.HasPrefix(got, "packets=1 fds=0") {
+		t.Errorf("allowed uid %d got %q; want the (empty) snapshot", allowed, got)
+	}
+	if got := probe(refused); got != "packets=0 fds=0 closed=1" {
+		t.Errorf("uid %d, in the socket group but not allowed, got %q; want the connection closed with nothing sent", refused, got)
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	if code := d.wait(t); code != 0 {
+		t.Errorf("exit %d", code)
+	}
+	if log := d.stderr.String(); !strings.Contains(log, "refused a ZDS connection") || !strings.Contains(log, fmt.Sprintf("peer_uid=%d", refused)) {
+		t.Errorf("the refusal is not logged with the caller:\n%s", log)
 	}
 }

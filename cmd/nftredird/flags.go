@@ -57,12 +57,15 @@ type options struct {
 	metricsAddress    string
 	readyFiles        stringList
 
-	zdsSocket     string
-	zdsRequireAck bool
-	probeSNAT     bool
-	cleanupOnExit bool
-	nodeNetns     string
-	kubeletUID    uint32Value
+	zdsSocket      string
+	zdsRequireAck  bool
+	zdsAllowUIDs   idList
+	zdsAllowGIDs   idList
+	zdsSocketGroup int
+	probeSNAT      bool
+	cleanupOnExit  bool
+	nodeNetns      string
+	kubeletUID     uint32Value
 
 	captureMode  string
 	outboundPort portValue
@@ -151,7 +154,7 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.StringVar(&o.logFormat, "log-format", "json", "log `format`: json or text")
 	fs.DurationVar(&o.reconcileInterval, "reconcile-interval", 30*time.Second, "how often every record is checked against its namespace and repaired")
 	fs.Var(&o.allowUIDs, "allow-uid", "`uids` besides root allowed to call the API (comma list)")
-	fs.Var(&o.allowGIDs, "allow-gid", "`gids` allowed to call the API; the caller's primary gid is checked (comma list)")
+	fs.Var(&o.allowGIDs, "allow-gid", "`gids` allowed to call the API; the caller's primary and supplementary groups as at connect are checked (comma list)")
 	fs.IntVar(&o.socketGroup, "socket-group", 0, "`gid` that owns the socket, whose members can connect (they still need --allow-gid or --allow-uid)")
 	fs.BoolVar(&o.reflection, "reflection", true, "serve gRPC reflection, so grpcurl works without .proto files")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM/SIGINT, how long running calls may finish before they are cancelled")
@@ -159,6 +162,9 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.StringVar(&o.metricsAddress, "metrics-address", defaultMetricsAddress, "`host:port` of the HTTP endpoints /healthz (liveness), /readyz (readiness) and /metrics (Prometheus); the default is every address of the node, which kubelet probes on a hostNetwork pod need; empty serves none")
 	fs.Var(&o.readyFiles, "ready-file", "`paths` that must exist for /readyz to report ready, e.g. a file the CNI install step writes once the plugin is in place (comma list)")
 	fs.StringVar(&o.zdsSocket, "zds-socket", "/var/run/ztunnel/ztunnel.sock", "`path` of the ZDS socket (SOCK_SEQPACKET) ztunnel connects to for pods' namespaces; its directory is created 0750 root-owned, the socket is 0660; empty serves no ZDS")
+	fs.Var(&o.zdsAllowUIDs, "zds-allow-uid", "`uids` besides root allowed on the ZDS socket, which hands out every enrolled pod's namespace (comma list); others are dropped before anything is sent")
+	fs.Var(&o.zdsAllowGIDs, "zds-allow-gid", "`gids` allowed on the ZDS socket; the caller's primary and supplementary groups as at connect are checked (comma list)")
+	fs.IntVar(&o.zdsSocketGroup, "zds-socket-group", 0, "`gid` that owns the ZDS socket and the directory the daemon creates for it, whose members can connect (they still need --zds-allow-gid or --zds-allow-uid)")
 	fs.BoolVar(&o.zdsRequireAck, "zds-require-ack", false, "AddPod waits for the node proxy's ZDS ack and returns UNAVAILABLE without one (the pod stays enrolled; the caller retries); needs --zds-socket")
 	fs.BoolVar(&o.probeSNAT, "probe-snat", false, "keep the node probe table: the kubelet's TCP to enrolled pods leaves the node from the probe source address, which pods do not capture; on by default when --kubelet-uid is given")
 	fs.BoolVar(&o.cleanupOnExit, "cleanup-on-exit", false, "after a clean stop (SIGTERM/SIGINT), remove the node probe table as \"nftredird uninstall\" does; for taking nftredir off the node, not for restarts, which should keep kubelet probes working")
@@ -293,6 +299,9 @@ func (o *options) check() error {
 	}
 	if o.zdsSocket != "" && (!filepath.IsAbs(o.zdsSocket) || filepath.Clean(o.zdsSocket) != o.zdsSocket) {
 		bad("--zds-socket %q must be an absolute, clean path (or empty to serve no ZDS)", o.zdsSocket)
+	}
+	if o.zdsSocketGroup < 0 {
+		bad("--zds-socket-group %d is not a gid", o.zdsSocketGroup)
 	}
 	if o.zdsSocket != "" && o.zdsSocket == o.socket {
 		bad("--zds-socket and --socket are both %s", o.socket)

@@ -79,6 +79,24 @@ func TestFlagWinsOverEnv(t *testing.T) {
 	}
 }
 
+func TestZDSAllowlistFlags(t *testing.T) {
+	o, err := parseFlags(nil, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(o.zdsAllowUIDs) != 0 || len(o.zdsAllowGIDs) != 0 || o.zdsSocketGroup != 0 {
+		t.Errorf("ZDS defaults uids %v gids %v group %d; want root only", o.zdsAllowUIDs, o.zdsAllowGIDs, o.zdsSocketGroup)
+	}
+	// The API's allowlist does not open ZDS, nor the reverse.
+	o, err = parseFlags([]string{"--allow-uid=42", "--zds-allow-uid=1337", "--zds-allow-gid=7,8", "--zds-socket-group=7"}, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(o.allowUIDs, idList{42}) || !slices.Equal(o.zdsAllowUIDs, idList{1337}) || !slices.Equal(o.zdsAllowGIDs, idList{7, 8}) || o.zdsSocketGroup != 7 || len(o.allowGIDs) != 0 {
+		t.Errorf("got api uids %v gids %v, zds uids %v gids %v group %d", o.allowUIDs, o.allowGIDs, o.zdsAllowUIDs, o.zdsAllowGIDs, o.zdsSocketGroup)
+	}
+}
+
 func TestInvalidFlags(t *testing.T) {
 	tests := []struct {
 		args []string
@@ -103,6 +121,8 @@ func TestInvalidFlags(t *testing.T) {
 		{[]string{"extra"}, nil, "unexpected arguments"},
 		{[]string{"uninstall", "uninstall"}, nil, "unexpected arguments"},
 		{[]string{"--zds-socket", "run/z.sock"}, nil, "--zds-socket"},
+		{[]string{"--zds-allow-uid", "ztunnel"}, nil, "numeric"},
+		{[]string{"--zds-socket-group", "-1"}, nil, "--zds-socket-group"},
 		{[]string{"--zds-socket", "/run/nftredir/nftredir.sock"}, nil, "both"},
 		{[]string{"--zds-socket=", "--zds-require-ack"}, nil, "--zds-require-ack needs --zds-socket"},
 		{[]string{"--node-netns", "netns/node"}, nil, "--node-netns"},

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/nftredir/nftredir/internal/peercred"
 	"github.com/nftredir/nftredir/internal/selftest"
 	"github.com/nftredir/nftredir/internal/version"
 	"github.com/nftredir/nftredir/kube"
@@ -60,11 +61,17 @@ func run(args []string, lookupEnv func(string) (string, bool), stderr io.Writer)
 		version.Print(os.Stdout, "nftredird")
 		return 0
 	}
+	// A log reader that goes away must not kill the daemon: without
+	// this, Go exits on SIGPIPE when a write to fd 2 fails with EPIPE.
+	// Ignored, the write returns EPIPE and logWriter drops the line.
+	signal.Ignore(syscall.SIGPIPE)
+	out := newLogWriter(stderr, logQueueBytes, droppedNote(opts.logFormat == "json"))
+	defer out.Close(logFlushTimeout)
 	root := hclog.New(&hclog.LoggerOptions{
 		Name:       "nftredird",
 		Level:      opts.level,
 		JSONFormat: opts.logFormat == "json",
-		Output:     stderr,
+		Output:     out,
 		TimeFormat: time.RFC3339Nano,
 	})
 	if opts.command == cmdUninstall {
@@ -88,6 +95,9 @@ func run(args []string, lookupEnv func(string) (string, bool), stderr io.Writer)
 	}
 	return 0
 }
+
+// logFlushTimeout bounds the wait for the last log lines at exit.
+const logFlushTimeout = 2 * time.Second
 
 // uninstallTimeout bounds the uninstall command; deleting a table takes
 // milliseconds unless the node is in trouble.
@@ -195,7 +205,7 @@ func serve(opts *options, root hclog.Logger) error {
 	)
 	if opts.zdsSocket != "" {
 		// The source is read only once serving starts, after srv is set.
-		zs, err = newZDS(guard, func() ([]zds.Pod, error) { return srv.ZDSPods() }, root)
+		zs, err = newZDS(opts, guard, func() ([]zds.Pod, error) { return srv.ZDSPods() }, root)
 		if err != nil {
 			return err
 		}
@@ -265,7 +275,7 @@ func serve(opts *options, root hclog.Logger) error {
 	// graceful stop.
 	defer stopHTTP()
 	root.Info("listening", "socket", opts.socket, "state_dir", opts.stateDir, "allow_uids", opts.allowUIDs.String(), "allow_gids", opts.allowGIDs.String(), "socket_group", opts.socketGroup,
-		"zds_socket", opts.zdsSocket, "kubernetes", opts.kubernetes, "node_name", opts.nodeName, "zds_require_ack", opts.zdsRequireAck, "probe_snat", opts.probeSNAT, "node_netns", nodeNetnsName(opts.nodeNetns), "kubelet_uid", uint32(opts.kubeletUID))
+		"zds_socket", opts.zdsSocket, "kubernetes", opts.kubernetes, "node_name", opts.nodeName, "zds_require_ack", opts.zdsRequireAck, "zds_allow_uids", opts.zdsAllowUIDs.String(), "zds_allow_gids", opts.zdsAllowGIDs.String(), "zds_socket_group", opts.zdsSocketGroup, "probe_snat", opts.probeSNAT, "node_netns", nodeNetnsName(opts.nodeNetns), "kubelet_uid", uint32(opts.kubeletUID))
 	return srv.Run(ctx, lis, opts.shutdownTimeout)
 }
 
@@ -326,8 +336,14 @@ type zdsServing struct {
 	done chan error
 }
 
-func newZDS(guard *netns.Guard, pods func() ([]zds.Pod, error), root hclog.Logger) (*zdsServing, error) {
-	srv, err := zds.NewServer(zds.Config{Pods: zds.PodSourceFunc(pods), Opener: guard, Logger: root.Named("zds")})
+func newZDS(opts *options, guard *netns.Guard, pods func() ([]zds.Pod, error), root hclog.Logger) (*zdsServing, error) {
+	srv, err := zds.NewServer(zds.Config{
+		Pods:        zds.PodSourceFunc(pods),
+		Opener:      guard,
+		Logger:      root.Named("zds"),
+		Allow:       peercred.NewAllowlist(opts.zdsAllowUIDs, opts.zdsAllowGIDs),
+		SocketGroup: opts.zdsSocketGroup,
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -34,13 +34,22 @@ var (
 	ErrNotSocket = errors.New("exists and is not a socket")
 )
 
-// PrepareDir creates dir with DirMode (parents 0755), or checks that an
-// existing one is a real directory (not a symlink), belongs to this
-// process's user or root, and is writable by nobody else.
-func PrepareDir(dir string) error {
+// PrepareDir creates dir with DirMode, owned by this process's user and
+// group gid, so that the socket's group can reach the socket (parents are
+// made 0755). An existing dir is checked instead: a real directory (not a
+// symlink), belonging to this process's user or root, writable by nobody
+// else, and, for a gid other than 0, searchable by group gid; it is never
+// changed, since it may hold more than the daemon's sockets.
+func PrepareDir(dir string, gid int) error {
 	err := os.Mkdir(dir, DirMode)
 	switch {
 	case err == nil:
+		// Without the group, members of the socket's group could not get
+		// to the socket in the directory the daemon creates after every
+		// boot (/run is tmpfs).
+		if err := os.Chown(dir, os.Geteuid(), gid); err != nil {
+			return fmt.Errorf("chown socket directory %s to group %d: %w", dir, gid, err)
+		}
 		// Mkdir's mode passes through the umask; set it exactly.
 		if err := os.Chmod(dir, DirMode); err != nil {
 			return fmt.Errorf("socket directory %s: %w", dir, err)
@@ -50,7 +59,7 @@ func PrepareDir(dir string) error {
 		if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
 			return fmt.Errorf("create parent of socket directory %s: %w", dir, err)
 		}
-		return PrepareDir(dir)
+		return PrepareDir(dir, gid)
 	case !errors.Is(err, fs.ErrExist):
 		return fmt.Errorf("create socket directory %s: %w", dir, err)
 	}
@@ -70,6 +79,10 @@ func PrepareDir(dir string) error {
 	}
 	if fi.Mode().Perm()&0o022 != 0 {
 		return fmt.Errorf("socket directory %s is writable by group or others (mode %#o); make it %#o", dir, fi.Mode().Perm(), DirMode)
+	}
+	perm := fi.Mode().Perm()
+	if gid != 0 && perm&0o001 == 0 && (int(st.Gid) != gid || perm&0o010 == 0) {
+		return fmt.Errorf("socket directory %s (group %d, mode %#o) keeps out members of the socket group %d; chgrp it to %d with mode %#o, or remove it and let the daemon create it", dir, st.Gid, perm, gid, gid, DirMode)
 	}
 	return nil
 }
@@ -108,7 +121,7 @@ func Listen(path, network string, gid int) (*net.UnixListener, error) {
 	if !filepath.IsAbs(path) {
 		return nil, fmt.Errorf("socket path %q must be absolute", path)
 	}
-	if err := PrepareDir(filepath.Dir(path)); err != nil {
+	if err := PrepareDir(filepath.Dir(path), gid); err != nil {
 		return nil, err
 	}
 	if err := ClearStale(path, network); err != nil {

@@ -334,3 +334,43 @@ func fields(b []byte, fn func(protowire.Number, protowire.Type, []byte) error) e
 	}
 	return nil
 }
+
+// Probe is a would-be proxy for tests that need one running as another
+// uid (in a child process): it connects to path, says hello, acks
+// everything for d, and describes what it got as "packets=N fds=F
+// closed=C" (C is 1 when the agent closed the connection), or "dial: ..."
+// when it could not connect.
+func Probe(path string, d time.Duration) string {
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return fmt.Sprintf("dial: %v", err)
+	}
+	defer c.Close()
+	c.Write(HelloMsg(1))
+	packets, fds, closed := 0, 0, 0
+	deadline := time.Now().Add(d)
+	ack := protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), nil)
+	for {
+		c.SetReadDeadline(deadline)
+		buf, oob := make([]byte, 1024), make([]byte, unix.CmsgSpace(4*8))
+		n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+		if err != nil || n == 0 {
+			if err == nil || errors.Is(err, io.EOF) || errors.Is(err, unix.ECONNRESET) {
+				closed = 1
+			}
+			break
+		}
+		packets++
+		if oobn > 0 {
+			fds++
+			if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+				for _, m := range msgs {
+					got, _ := unix.ParseUnixRights(&m)
+					closeFds(got)
+				}
+			}
+		}
+		c.Write(ack)
+	}
+	return fmt.Sprintf("packets=%d fds=%d closed=%d", packets, fds, closed)
+}
