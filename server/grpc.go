@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	reflectiongrpc "google.golang.org/grpc/reflection/grpc_reflection_v1"
@@ -117,9 +116,9 @@ func (s *Server) registerReflection(gs *grpc.Server) {
 }
 
 func (s *Server) setServing(on bool) {
-	st := healthpb.HealthCheckResponse_NOT_SERVING
+	st := healthgrpc.HealthCheckResponse_NOT_SERVING
 	if on {
-		st = healthpb.HealthCheckResponse_SERVING
+		st = healthgrpc.HealthCheckResponse_SERVING
 	}
 	s.ready.Store(on)
 	s.health.SetServingStatus("", st)
