@@ -96,10 +96,10 @@ func New(log hclog.Logger) *Metrics {
 		}),
 		reconcilePods: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "reconcile_pods_total",
-			Help: "Pods checked by reconcile passes, by outcome: in_sync, repaired (drift repaired), dropped (namespace gone), failed.",
+			Help: "Pods checked by reconcile passes, by outcome: in_sync, repaired (drift repaired), dropped (namespace gone), failed, released (an interrupted RemovePod finished).",
 		}, []string{"outcome"}),
 	}
-	for _, o := range []string{"in_sync", "repaired", "dropped", "failed"} {
+	for _, o := range []string{"in_sync", "repaired", "dropped", "failed", "released"} {
 		m.reconcilePods.WithLabelValues(o)
 	}
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
@@ -158,6 +158,7 @@ func (m *Metrics) ObserveReconcile(res server.ReconcileResult, d time.Duration) 
 	m.driftRepairs.Add(float64(res.Repaired))
 	m.reconcilePods.WithLabelValues("dropped").Add(float64(res.Dropped))
 	m.reconcilePods.WithLabelValues("failed").Add(float64(res.Failed))
+	m.reconcilePods.WithLabelValues("released").Add(float64(res.Released))
 }
 
 // UnaryInterceptor counts and times every unary call by its final code.
