@@ -279,13 +279,28 @@ func (n *Netns) Exchange(rec *Recorder, d Dial) (Record, error) {
 	token := newToken()
 	var who string
 	if strings.HasPrefix(d.Network, "udp") {
-		if _, err := c.Write([]byte(token)); err != nil {
-			return Record{}, fmt.Errorf("send to %s: %w", d.To, err)
-		}
+		// A datagram may be lost, and DNS clients resend: so does this,
+		// a few times within the timeout, with the same token (a listener
+		// answers each copy alike).
+		const tries = 4
 		buf := make([]byte, 512)
-		m, err := c.Read(buf)
+		var m int
+		var err error
+		for i := range tries {
+			if _, err = c.Write([]byte(token)); err != nil {
+				return Record{}, fmt.Errorf("send to %s: %w", d.To, err)
+			}
+			if i < tries-1 {
+				c.SetReadDeadline(time.Now().Add(timeout / tries))
+			} else {
+				c.SetReadDeadline(time.Now().Add(timeout))
+			}
+			if m, err = c.Read(buf); err == nil {
+				break
+			}
+		}
 		if err != nil {
-			return Record{}, fmt.Errorf("no reply from %s: %w", d.To, err)
+			return Record{}, fmt.Errorf("no reply from %s after %d datagrams: %w", d.To, tries, err)
 		}
 		who = string(buf[:m])
 	} else {
