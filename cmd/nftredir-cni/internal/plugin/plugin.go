@@ -101,7 +101,12 @@ func (p *Plugin) begin(cmd string, args *skel.CmdArgs, withOptions bool, opts ..
 		cl:   cl,
 		atts: attachments{dir: conf.DataDir},
 		closer: func() {
-			cl.Close()
+			// Not waited for: a gRPC close sends GOAWAY and waits for the
+			// transport's writer and reader goroutines, which on a busy
+			// node took milliseconds (once two seconds) of the pod's
+			// start after the result was printed. The binary exits next,
+			// which closes the socket anyway; the daemon sees an EOF.
+			go cl.Close()
 			cancel()
 			closeLog()
 		},
