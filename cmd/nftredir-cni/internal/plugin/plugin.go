@@ -94,6 +94,9 @@ func (p *Plugin) begin(cmd string, args *skel.CmdArgs, withOptions bool, opts ..
 		closeLog()
 		return nil, types.NewError(ErrInternal, fmt.Sprintf("connect to nftredird at %s", conf.Socket), err.Error())
 	}
+	// The handshake with the daemon runs while the command reads its
+	// arguments and attachment record.
+	cl.Connect()
 	return &run{
 		conf: conf,
 		log:  log,
