@@ -27,12 +27,15 @@ import (
 const (
 	cniWithout    = "bridge + host-local"
 	cniWith       = "bridge + host-local + nftredir-cni"
+	cniExecOnly   = "bridge + host-local + nftredir-cni, namespace excluded"
 	cniPluginAdd  = "nftredir-cni ADD (its exec inside the chain)"
 	cniPluginDel  = "nftredir-cni DEL (its exec inside the chain)"
 	cniVersionRun = "nftredir-cni VERSION (bare exec)"
 	cniAddPod     = "AddPod over a warm connection"
-	cniBridgeAdd  = "bridge ADD (its exec, host-local's included)"
 )
+
+// bridgeIn names bridge's own exec (host-local's included) in a chain.
+func bridgeIn(chain, cmd string) string { return "bridge " + cmd + " in " + chain }
 
 func cniKey(chain, cmd string) string { return chain + ", " + cmd }
 
@@ -80,6 +83,10 @@ type cniSetup struct {
 	exec    *timedExec
 	without *libcni.NetworkConfigList
 	with    *libcni.NetworkConfigList
+	// execOnly has nftredir-cni exclude the pods' Kubernetes namespace,
+	// so it runs and passes the result through without calling the
+	// daemon: the floor of any chained plugin that is a process.
+	execOnly *libcni.NetworkConfigList
 }
 
 // findCNIPlugins checks that the reference plugins hack/deps.sh builds are
@@ -113,7 +120,7 @@ func (b *bench) newCNISetup(d *daemon) (*cniSetup, error) {
 	}
 	s := &cniSetup{binDir: binDir, disk: disk, exec: newTimedExec()}
 	s.cni = libcni.NewCNIConfigWithCacheDir([]string{binDir}, filepath.Join(disk, "cache"), s.exec)
-	// One bridge and one subnet; the two networks lease from halves of it.
+	// One bridge and one subnet; the networks lease from thirds of it.
 	bridge := fmt.Sprintf("nftrb%d", os.Getpid()%100000)
 	mk := func(name, start, end string, more ...any) (*libcni.NetworkConfigList, error) {
 		plugins := append([]any{map[string]any{
@@ -136,19 +143,27 @@ func (b *bench) newCNISetup(d *daemon) (*cniSetup, error) {
 		}
 		return libcni.NetworkConfFromBytes(raw)
 	}
-	if s.without, err = mk(fmt.Sprintf("nftr-bench-%d-plain", os.Getpid()), "10.251.0.10", "10.251.127.250"); err != nil {
-		return nil, errors.Join(err, os.RemoveAll(disk))
+	plugin := func(extra ...string) map[string]any {
+		m := map[string]any{"type": "nftredir-cni", "socket": d.socket, "dataDir": filepath.Join(disk, "nftredir")}
+		if len(extra) > 0 {
+			m["excludeNamespaces"] = extra
+		}
+		return m
 	}
-	s.with, err = mk(fmt.Sprintf("nftr-bench-%d-nftredir", os.Getpid()), "10.251.128.10", "10.251.255.250", map[string]any{
-		"type":    "nftredir-cni",
-		"socket":  d.socket,
-		"dataDir": filepath.Join(disk, "nftredir"),
-	})
+	if s.without, err = mk(fmt.Sprintf("nftr-bench-%d-plain", os.Getpid()), "10.251.0.10", "10.251.84.250"); err == nil {
+		if s.with, err = mk(fmt.Sprintf("nftr-bench-%d-nftredir", os.Getpid()), "10.251.85.10", "10.251.169.250", plugin()); err == nil {
+			s.execOnly, err = mk(fmt.Sprintf("nftr-bench-%d-excluded", os.Getpid()), "10.251.170.10", "10.251.254.250", plugin(cniPodNamespace))
+		}
+	}
 	if err != nil {
 		return nil, errors.Join(err, os.RemoveAll(disk))
 	}
 	return s, nil
 }
+
+// cniPodNamespace is the Kubernetes namespace the runtime names for every
+// pod (K8S_POD_NAMESPACE).
+const cniPodNamespace = "bench"
 
 // inNode runs f on a thread that entered the node namespace, so the
 // plugins libcni starts (children of that thread) create the bridge and
@@ -200,13 +215,15 @@ func (b *bench) inNode(f func() error) error {
 func (b *bench) cniSample(ctx context.Context, d *daemon, s *cniSetup, rep int) (map[string]*sample, error) {
 	n := b.cfg.cniPods
 	out := map[string]*sample{}
-	for _, m := range []string{cniKey(cniWithout, "ADD"), cniKey(cniWithout, "DEL"), cniKey(cniWithout, "ADD+DEL"),
-		cniKey(cniWith, "ADD"), cniKey(cniWith, "DEL"), cniKey(cniWith, "ADD+DEL"),
-		cniPluginAdd, cniPluginDel, cniVersionRun, cniAddPod, cniBridgeAdd} {
+	var methods []string
+	for _, chain := range []string{cniWithout, cniWith, cniExecOnly} {
+		methods = append(methods, cniKey(chain, "ADD"), cniKey(chain, "DEL"), cniKey(chain, "ADD+DEL"), bridgeIn(chain, "ADD"), bridgeIn(chain, "DEL"))
+	}
+	for _, m := range append(methods, cniPluginAdd, cniPluginDel, cniVersionRun, cniAddPod) {
 		out[m] = &sample{method: m, rep: rep, conc: 1, load: loadAvg()}
 	}
 	add := func(m string, dur time.Duration) { out[m].lat = append(out[m].lat, dur) }
-	names, err := b.pool.create(3*n, "c")
+	names, err := b.pool.create(4*n, "c")
 	if err != nil {
 		return nil, err
 	}
@@ -218,7 +235,7 @@ func (b *bench) cniSample(ctx context.Context, d *daemon, s *cniSetup, rep int) 
 				ContainerID: fmt.Sprintf("bench-%d-%s", rep, ns[len(b.pool.prefix):]),
 				NetNS:       nsPath(ns),
 				IfName:      "eth0",
-				Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "bench"},
+				Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", cniPodNamespace},
 					{"K8S_POD_NAME", ns}, {"K8S_POD_UID", "cni-" + ns[len(b.pool.prefix):]}},
 			}
 			start := time.Now()
@@ -235,25 +252,26 @@ func (b *bench) cniSample(ctx context.Context, d *daemon, s *cniSetup, rep int) 
 			add(cniKey(label, "ADD"), addT)
 			add(cniKey(label, "DEL"), delT)
 			add(cniKey(label, "ADD+DEL"), addT+delT)
-			if label == cniWithout {
-				add(cniBridgeAdd, bridgeAdd)
-			} else {
+			add(bridgeIn(label, "ADD"), bridgeAdd)
+			add(bridgeIn(label, "DEL"), s.exec.took("bridge"))
+			if label == cniWith {
 				add(cniPluginAdd, pluginAdd)
 				add(cniPluginDel, s.exec.took("nftredir-cni"))
 			}
 			return nil
 		}
 		for i := range n {
-			plain, captured, direct := names[3*i], names[3*i+1], names[3*i+2]
-			first, second := func() error { return chain(s.without, cniWithout, plain) }, func() error { return chain(s.with, cniWith, captured) }
-			if (i+rep)%2 == 1 {
-				first, second = second, first
+			plain, captured, excluded, direct := names[4*i], names[4*i+1], names[4*i+2], names[4*i+3]
+			runs := []func() error{
+				func() error { return chain(s.without, cniWithout, plain) },
+				func() error { return chain(s.with, cniWith, captured) },
+				func() error { return chain(s.execOnly, cniExecOnly, excluded) },
 			}
-			if err := first(); err != nil {
-				return err
-			}
-			if err := second(); err != nil {
-				return err
+			// Each chain goes first, second and third in turn.
+			for k := range runs {
+				if err := runs[(k+i+rep)%len(runs)](); err != nil {
+					return err
+				}
 			}
 			start := time.Now()
 			if _, err := s.exec.RawExec.ExecPlugin(ctx, filepath.Join(s.binDir, "nftredir-cni"), nil,
@@ -337,15 +355,28 @@ func (r *report) cniTable() table {
 		head:  []string{"what", "vs the chain without nftredir-cni (p50)", "p50 ms", "p99 ms"},
 	}
 	c := r.res.cni
-	for _, m := range []string{cniKey(cniWithout, "ADD"), cniKey(cniWith, "ADD"), cniKey(cniWithout, "DEL"), cniKey(cniWith, "DEL"),
-		cniKey(cniWithout, "ADD+DEL"), cniKey(cniWith, "ADD+DEL"), cniBridgeAdd, cniPluginAdd, cniPluginDel, cniVersionRun, cniAddPod} {
+	var ms []string
+	for _, cmd := range []string{"ADD", "DEL", "ADD+DEL"} {
+		for _, chain := range []string{cniWithout, cniWith, cniExecOnly} {
+			ms = append(ms, cniKey(chain, cmd))
+		}
+	}
+	for _, cmd := range []string{"ADD", "DEL"} {
+		for _, chain := range []string{cniWithout, cniWith, cniExecOnly} {
+			ms = append(ms, bridgeIn(chain, cmd))
+		}
+	}
+	ms = append(ms, cniPluginAdd, cniPluginDel, cniVersionRun, cniAddPod)
+	for _, m := range ms {
 		ss := c[m]
 		if len(ss) == 0 {
 			continue
 		}
 		vs := "–"
-		if base, ok := strings.CutPrefix(m, cniWith+", "); ok {
-			vs = ratioCell(spreadOf(paired(ss, c[cniKey(cniWithout, base)], p50Of)))
+		for _, chain := range []string{cniWith, cniExecOnly} {
+			if cmd, ok := strings.CutPrefix(m, chain+", "); ok && !strings.Contains(cmd, ",") {
+				vs = ratioCell(spreadOf(paired(ss, c[cniKey(cniWithout, cmd)], p50Of)))
+			}
 		}
 		t.rows = append(t.rows, []string{m, vs, cell(spreadOf(per(ss, p50Of)), 2), cell(spreadOf(per(ss, p99Of)), 2)})
 	}
@@ -403,21 +434,35 @@ func (r *report) cniNotes() string {
 		return ""
 	}
 	med := func(m string) float64 { return spreadOf(per(c[m], p50Of)).med }
-	diff := func(cmd string) float64 {
+	// diff is a p50 minus another, per repetition, summarised.
+	diff := func(a, b string) float64 {
 		var v []float64
-		with, without := c[cniKey(cniWith, cmd)], c[cniKey(cniWithout, cmd)]
-		for i := range min(len(with), len(without)) {
-			v = append(v, with[i].p50()-without[i].p50())
+		for i := range min(len(c[a]), len(c[b])) {
+			v = append(v, c[a][i].p50()-c[b][i].p50())
 		}
 		return spreadOf(v).med
 	}
+	ratio := func(chain, cmd string) string {
+		return ratioCell(spreadOf(paired(c[cniKey(chain, cmd)], c[cniKey(cniWithout, cmd)], p50Of)))
+	}
 	add, ver, pod := med(cniPluginAdd), med(cniVersionRun), med(cniAddPod)
-	return fmt.Sprintf("Appending nftredir-cni adds %.2f ms to the chain's ADD and %.2f ms to its DEL (p50 with − p50 without, per repetition). "+
-		"Its ADD takes %.2f ms: %.2f ms (%.0f%%) is what any exec of it costs (its VERSION, which does nothing but start and print), "+
-		"%.2f ms (%.0f%%) is the daemon's AddPod as a client with a warm connection sees it, and %.2f ms (%.0f%%) the rest: a fresh connection to the daemon, "+
-		"reading the config and prevResult, the attachment record, printing the result. bridge, for comparison, takes %.2f ms per ADD. "+
-		"The chains are run by libcni (github.com/containernetworking/cni/libcni, what podman, containerd and kubelet's runtimes use) from a thread in the benchmark's node namespace, "+
-		"with its cache, host-local's leases and nftredir-cni's records on the root filesystem (%s), as /var/lib is on a node; every plugin's exec is timed by libcni's exec hook. "+
-		"Each pair runs one pod through each chain (ADD then DEL, alternating which chain goes first), one VERSION exec and one AddPod+RemovePod on a fresh namespace.",
-		diff("ADD"), diff("DEL"), add, ver, 100*ver/add, pod, 100*pod/add, add-ver-pod, 100*(add-ver-pod)/add, med(cniBridgeAdd), diskRoot)
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "Appending nftredir-cni adds %.2f ms to the chain's ADD and %.2f ms to its DEL (p50 with − p50 without, per repetition). ",
+		diff(cniKey(cniWith, "ADD"), cniKey(cniWithout, "ADD")), diff(cniKey(cniWith, "DEL"), cniKey(cniWithout, "DEL")))
+	fmt.Fprintf(&sb, "Its ADD takes %.2f ms: %.2f ms (%.0f%%) is what any exec of it costs (its VERSION, which only starts and prints), "+
+		"%.2f ms (%.0f%%) the daemon's AddPod as a client with a warm connection sees it, and %.2f ms (%.0f%%) the rest: a fresh connection, "+
+		"reading the config and prevResult, the attachment record, printing the result, exiting. Its DEL takes %.2f ms. ",
+		add, ver, 100*ver/add, pod, 100*pod/add, add-ver-pod, 100*(add-ver-pod)/add, med(cniPluginDel))
+	fmt.Fprintf(&sb, "The floor of any chained plugin that is a process: the same chain with nftredir-cni excluding the pod's namespace "+
+		"(it starts, reads its input and passes the result through, without calling the daemon) is %s the chain without it for ADD+DEL (%s for ADD). ",
+		ratio(cniExecOnly, "ADD+DEL"), ratio(cniExecOnly, "ADD"))
+	fmt.Fprintf(&sb, "bridge's own DEL takes %.2f ms after nftredir-cni released the pod, against %.2f ms in the chain without it and %.2f ms with the namespace excluded: "+
+		"undoing the capture in the namespace (the daemon's RemovePod deletes its nft table, ip rules and route) makes the kernel's teardown of the pod's veth slower, "+
+		"which lands in bridge's exec, not in nftredir-cni's. ",
+		med(bridgeIn(cniWith, "DEL")), med(bridgeIn(cniWithout, "DEL")), med(bridgeIn(cniExecOnly, "DEL")))
+	fmt.Fprintf(&sb, "The chains are run by libcni (github.com/containernetworking/cni/libcni, the library podman, containerd and kubelet's runtimes use) from a thread "+
+		"in the benchmark's node namespace, with libcni's cache, host-local's leases and nftredir-cni's records on the root filesystem (%s), as /var/lib is on a node; "+
+		"every plugin's exec is timed through libcni's exec hook. Each round runs one pod through each chain (ADD then DEL, rotating which chain goes first), "+
+		"one VERSION exec and one AddPod+RemovePod straight to the daemon, each on a fresh namespace.", diskRoot)
+	return sb.String()
 }
