@@ -456,9 +456,9 @@ func (r *report) cniNotes() string {
 	fmt.Fprintf(&sb, "The floor of any chained plugin that is a process: the same chain with nftredir-cni excluding the pod's namespace "+
 		"(it starts, reads its input and passes the result through, without calling the daemon) is %s the chain without it for ADD+DEL (%s for ADD). ",
 		ratio(cniExecOnly, "ADD+DEL"), ratio(cniExecOnly, "ADD"))
-	fmt.Fprintf(&sb, "bridge's own DEL takes %.2f ms after nftredir-cni released the pod, against %.2f ms in the chain without it and %.2f ms with the namespace excluded: "+
-		"undoing the capture in the namespace (the daemon's RemovePod deletes its nft table, ip rules and route) makes the kernel's teardown of the pod's veth slower, "+
-		"which lands in bridge's exec, not in nftredir-cni's. ",
+	fmt.Fprintf(&sb, "bridge's own DEL takes %.2f ms in the chain where nftredir-cni enrolled and then released the pod, against %.2f ms in the chain without it "+
+		"and %.2f ms with the namespace excluded: removing the pod's veth costs the kernel more in a namespace that held the capture "+
+		"(this run does not tell which part of it), and that cost lands in bridge's exec, not in nftredir-cni's. ",
 		med(bridgeIn(cniWith, "DEL")), med(bridgeIn(cniWithout, "DEL")), med(bridgeIn(cniExecOnly, "DEL")))
 	fmt.Fprintf(&sb, "The chains are run by libcni (github.com/containernetworking/cni/libcni, the library podman, containerd and kubelet's runtimes use) from a thread "+
 		"in the benchmark's node namespace, with libcni's cache, host-local's leases and nftredir-cni's records on the root filesystem (%s), as /var/lib is on a node; "+
