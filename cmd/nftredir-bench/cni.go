@@ -89,14 +89,17 @@ type cniSetup struct {
 	execOnly *libcni.NetworkConfigList
 }
 
-// findCNIPlugins checks that the reference plugins hack/deps.sh builds are
-// next to nftredir-cni.
-func findCNIPlugins() (string, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return "", err
+// findCNIPlugins checks that the reference plugins hack/deps.sh builds and
+// nftredir-cni are in dir, by default next to this program (make build
+// and hack/deps.sh put them all in bin/).
+func findCNIPlugins(dir string) (string, error) {
+	if dir == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return "", err
+		}
+		dir = filepath.Dir(self)
 	}
-	dir := filepath.Dir(self)
 	var missing []string
 	for _, p := range []string{"bridge", "host-local", "nftredir-cni"} {
 		if _, err := os.Stat(filepath.Join(dir, p)); err != nil {
@@ -110,7 +113,7 @@ func findCNIPlugins() (string, error) {
 }
 
 func (b *bench) newCNISetup(d *daemon) (*cniSetup, error) {
-	binDir, err := findCNIPlugins()
+	binDir, err := findCNIPlugins(b.cfg.cniBin)
 	if err != nil {
 		return nil, err
 	}

@@ -49,6 +49,7 @@ type config struct {
 	cycleConc     int
 	phasePods     int
 	cniPods       int
+	cniBin        string
 	onlyCNI       bool
 	// args is the command line, for the report's "how to reproduce".
 	args []string
@@ -94,6 +95,7 @@ func parseFlags(args []string, out io.Writer) (*config, error) {
 	fs.IntVar(&cfg.cycleConc, "cycle-conc", 8, "leak-check calls in flight")
 	fs.IntVar(&cfg.phasePods, "phase-pods", 100, "fresh namespaces for the in-process phase breakdown")
 	fs.IntVar(&cfg.cniPods, "cni-pods", 40, "pods per chain and repetition in the CNI section")
+	fs.StringVar(&cfg.cniBin, "cni-bin", "", "directory with bridge, host-local and nftredir-cni (default: this program's)")
 	fs.BoolVar(&cfg.onlyCNI, "only-cni", false, "run only the CNI section; prints, writes nothing")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
