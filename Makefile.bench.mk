@@ -6,6 +6,7 @@
 # docs/bench-latency.svg. BENCH_FLAGS adds flags, e.g.
 #   make bench BENCH_FLAGS=-quick                  # seconds; prints, writes nothing
 #   make bench BENCH_FLAGS='-pods 50 -cycles 10000'
+#   make bench BENCH_FLAGS=-only-cni               # the CNI chains alone; prints, writes nothing
 # The program finds bin/nftredird next to itself.
 BENCH_FLAGS ?=
 

@@ -125,6 +125,13 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 	}, nil
 }
 
+// Connect starts connecting to the daemon now instead of on the first
+// call, so that the handshake overlaps the caller's own work. It does not
+// wait; a daemon that is not there is reported by the first call.
+func (c *Client) Connect() {
+	c.conn.Connect()
+}
+
 // Close releases the connection. Calls in flight fail with Canceled.
 func (c *Client) Close() error {
 	return c.conn.Close()

@@ -28,9 +28,10 @@ func TestQuickRun(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build nftredird: %v\n%s", err, out)
 	}
+	cniBin := cniPlugins(t, dir)
 	out := filepath.Join(dir, "BENCHMARKS.md")
 	svg := filepath.Join(dir, "docs", "latency.svg")
-	cfg, err := parseFlags([]string{"-quick", "-daemon", daemon, "-out", out, "-svg", svg}, io.Discard)
+	cfg, err := parseFlags([]string{"-quick", "-daemon", daemon, "-cni-bin", cniBin, "-out", out, "-svg", svg}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +44,7 @@ func TestQuickRun(t *testing.T) {
 	}
 	t.Logf("quick run took %v", time.Since(start).Round(time.Millisecond))
 
-	for _, want := range []string{"Targets", "iptables-restore", "nft -f", "Reconcile at scale", "Data path", "PASS"} {
+	for _, want := range []string{"Targets", "iptables-restore", "nft -f", "CNI ADD as the runtime sees it", "nftredir-cni VERSION", "Reconcile at scale", "Data path", "PASS"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("printed report lacks %q:\n%s", want, stdout.String())
 		}
@@ -63,6 +64,35 @@ func TestQuickRun(t *testing.T) {
 		t.Errorf("chart is not well-formed XML: %v", err)
 	}
 	assertNothingLeft(t)
+}
+
+// cniPlugins makes a directory with a fresh nftredir-cni and the reference
+// plugins hack/deps.sh installs in the repository's bin/.
+func cniPlugins(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "cni-bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	build := exec.Command(goTool(), "build", "-o", filepath.Join(bin, "nftredir-cni"), "github.com/nftredir/nftredir/cmd/nftredir-cni")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build nftredir-cni: %v\n%s", err, out)
+	}
+	repoBin, err := filepath.Abs(filepath.Join("..", "..", "bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"bridge", "host-local"} {
+		src := filepath.Join(repoBin, p)
+		if _, err := os.Stat(src); err != nil {
+			t.Fatalf("%s is missing: %v; run hack/deps.sh (make deps) to install the reference CNI plugins", src, err)
+		}
+		if err := os.Symlink(src, filepath.Join(bin, p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return bin
 }
 
 // assertNothingLeft checks that the run removed every namespace and work

@@ -48,6 +48,9 @@ type config struct {
 	cyclePods     int
 	cycleConc     int
 	phasePods     int
+	cniPods       int
+	cniBin        string
+	onlyCNI       bool
 	// args is the command line, for the report's "how to reproduce".
 	args []string
 }
@@ -91,6 +94,9 @@ func parseFlags(args []string, out io.Writer) (*config, error) {
 	fs.IntVar(&cfg.cyclePods, "cycle-pods", 16, "namespaces the leak check rotates over")
 	fs.IntVar(&cfg.cycleConc, "cycle-conc", 8, "leak-check calls in flight")
 	fs.IntVar(&cfg.phasePods, "phase-pods", 100, "fresh namespaces for the in-process phase breakdown")
+	fs.IntVar(&cfg.cniPods, "cni-pods", 40, "pods per chain and repetition in the CNI section")
+	fs.StringVar(&cfg.cniBin, "cni-bin", "", "directory with bridge, host-local and nftredir-cni (default: this program's)")
+	fs.BoolVar(&cfg.onlyCNI, "only-cni", false, "run only the CNI section; prints, writes nothing")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -111,6 +117,7 @@ func parseFlags(args []string, out io.Writer) (*config, error) {
 			"dp-conc":        func() { *dpConcText = "1" },
 			"cycle-pods":     func() { cfg.cyclePods = 4 },
 			"phase-pods":     func() { cfg.phasePods = 4 },
+			"cni-pods":       func() { cfg.cniPods = 3 },
 			// A smoke run's numbers are not a measurement: it must
 			// not overwrite the committed report unless told to.
 			"out": func() { cfg.out = "" },
@@ -140,10 +147,17 @@ func parseFlags(args []string, out io.Writer) (*config, error) {
 		return nil, errors.New("-cycles must be at least -cycle-conc, which must be positive")
 	case cfg.phasePods < 1:
 		return nil, errors.New("-phase-pods must be positive")
+	case cfg.cniPods < 1:
+		return nil, errors.New("-cni-pods must be positive")
+	case cfg.onlyCNI && set["out"]:
+		return nil, errors.New("-only-cni writes no report: BENCHMARKS.md comes from a full run")
 	case cfg.dpConns < 1 || cfg.dpConns+dpWarmup > clientPorts[1]-clientPorts[0]:
 		return nil, fmt.Errorf("-dp-conns must be in 1..%d: each connection of a sample needs its own client port", clientPorts[1]-clientPorts[0]-dpWarmup)
 	case cfg.out == "" && cfg.svg != "" && set["svg"]:
 		return nil, errors.New("-svg needs -out: the chart belongs to the report")
+	}
+	if cfg.onlyCNI {
+		cfg.out = ""
 	}
 	if cfg.out == "" {
 		cfg.svg = ""
@@ -212,6 +226,7 @@ type results struct {
 	apply    map[string][]*sample // by method, one per repetition
 	phases   map[string][]time.Duration
 	dp       map[string][]*sample // by dpKey
+	cni      map[string][]*sample // by the CNI section's method names
 	scale    *scaleResult
 	cycles   *cycleResult
 	machine  machine
@@ -265,7 +280,7 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) (err error)
 	}
 	b.nodeNetns = nsPath(node[0])
 
-	res := &results{apply: map[string][]*sample{}, dp: map[string][]*sample{}, started: time.Now()}
+	res := &results{apply: map[string][]*sample{}, dp: map[string][]*sample{}, cni: map[string][]*sample{}, started: time.Now()}
 	res.machine = describeMachine(cfg.daemon)
 	b.progress("nftredir-bench on %s, %d cores, kernel %s, load %.2f; daemon %s", res.machine.cpu, res.machine.cores, res.machine.kernel, res.machine.loadStart, cfg.daemon)
 
@@ -281,11 +296,24 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) (err error)
 		return err
 	}
 
+	if cfg.onlyCNI {
+		if err := b.cniPhase(ctx, d, res); err != nil {
+			return err
+		}
+		rep := newReport(cfg, res)
+		fmt.Fprint(stdout, rep.cniTable().text())
+		fmt.Fprint(stdout, rep.cniTargetTable().text())
+		fmt.Fprint(stdout, "\n"+rep.cniNotes())
+		return nil
+	}
 	if err := b.applyPhase(ctx, d, res); err != nil {
 		return err
 	}
 	b.progress("phase breakdown: %d fresh namespaces, in process", cfg.phasePods)
 	if res.phases, err = b.phases(ctx, d); err != nil {
+		return err
+	}
+	if err := b.cniPhase(ctx, d, res); err != nil {
 		return err
 	}
 	if err := b.dataPathPhase(ctx, d, res); err != nil {

@@ -154,13 +154,15 @@ func sweep() (int, error) {
 			errs = append(errs, err)
 		}
 	}
-	dirs, _ := os.ReadDir(workRoot)
-	for _, e := range dirs {
-		if e.IsDir() && deadOwner(e.Name()) {
-			if err := removeWorkDir(filepath.Join(workRoot, e.Name())); err != nil {
-				errs = append(errs, err)
+	for _, root := range []string{workRoot, diskRoot} {
+		dirs, _ := os.ReadDir(root)
+		for _, e := range dirs {
+			if e.IsDir() && deadOwner(e.Name()) {
+				if err := removeWorkDir(filepath.Join(root, e.Name())); err != nil {
+					errs = append(errs, err)
+				}
+				removed++
 			}
-			removed++
 		}
 	}
 	return removed, errors.Join(errs...)

@@ -384,6 +384,7 @@ func (r *report) targets() []target {
 	add(fmt.Sprintf("reconcile %d pods, all re-applied ≤ 2 s", s.pods), re.med <= 2, "%s s", cell(re, 2))
 	rssMax := max(s.rssN, s.rssRestart)
 	add(fmt.Sprintf("RSS ≤ 40 MiB with %d pods", s.pods), rssMax <= 40<<20, "%s (largest of after AddPods and after restart)", mib(rssMax))
+	ts = append(ts, r.cniTargets()...)
 	c := r.res.cycles
 	grow := c.trend()
 	add(fmt.Sprintf("no RSS or fd growth over %d cycles", c.cycles), grow <= leakTolerance && c.after.fds <= c.before.fds,
@@ -451,7 +452,7 @@ func (r *report) rawTable() table {
 }
 
 func (r *report) tables() []table {
-	return []table{r.targetTable(), r.applyTable(), r.baselineSteps(), r.phaseTable(), r.scaleTable(), r.resourceTable(), r.dpTable()}
+	return []table{r.targetTable(), r.applyTable(), r.baselineSteps(), r.phaseTable(), r.cniTable(), r.scaleTable(), r.resourceTable(), r.dpTable()}
 }
 
 func (r *report) text() string {
@@ -506,7 +507,7 @@ func (r *report) markdown(out, svgPath string) string {
 		w("![Latency distributions: AddPod against iptables-restore and nft -f, and per-connection latency through capture](%s)\n\n", filepath.ToSlash(rel))
 	}
 	ts := r.tables()
-	sections := []string{"Targets", "Programming one pod", "The baselines' commands", "Where AddPod's time goes", "Reconcile at scale",
+	sections := []string{"Targets", "Programming one pod", "The baselines' commands", "Where AddPod's time goes", "CNI ADD as the runtime sees it", "Reconcile at scale",
 		"Memory and file descriptors", "Data path"}
 	for i, t := range ts {
 		w("## %s\n\n", sections[i])
@@ -537,6 +538,7 @@ func (r *report) markdown(out, svgPath string) string {
 		"started again; the time runs from just before exec to the moment its grpc.health.v1 Watch says SERVING, which the daemon says only after its startup reconcile. "+
 		"Then this program deletes every pod's table through netlink while the daemon is down, and times the restart again. After each restart the daemon's ListPods and "+
 		"every namespace's table are checked.\n", r.res.scale.pods)
+	w("- **CNI chains**: see the note under their table.\n")
 	w("- **Memory and fds**: VmRSS from /proc/PID/status and the entries of /proc/PID/fd, one second after the daemon was last busy.\n")
 	w("- **Data path**: see the note under its table.\n")
 	w("- Statistics: p50/p99 are nearest-rank percentiles over the pods of one sample; every table shows the median over repetitions and the range [min–max]. " +
@@ -561,7 +563,7 @@ func (r *report) markdown(out, svgPath string) string {
 	w("\n## Reproduce\n\n")
 	w("As root, from a checkout:\n\n```sh\nmake bench                  # hack/deps.sh, build, then this run: %s\n"+
 		"bin/nftredir-bench -quick   # a smoke run of every part in seconds; prints, writes nothing\n```\n\n", r.cmdline())
-	w("Flags: `-pods`, `-reps`, `-reconcile-pods`, `-cycles`, `-conc`, `-dp-conc`, `-dp-duration`, `-dp-conns`, `-out`, `-svg`, `-quick`; `-h` lists them all. " +
+	w("Flags: `-pods`, `-reps`, `-reconcile-pods`, `-cycles`, `-conc`, `-dp-conc`, `-dp-duration`, `-dp-conns`, `-cni-pods`, `-only-cni`, `-out`, `-svg`, `-quick`; `-h` lists them all. " +
 		"Everything the run creates is named `nftr-bench-<pid>-*` (namespaces in /run/netns, a tmpfs in /run) and removed at the end, on error and on Ctrl-C; " +
 		"a later run sweeps the leftovers of one that was killed.\n\n")
 	raw := r.rawTable()

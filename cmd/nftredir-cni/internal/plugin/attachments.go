@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/nftredir/nftredir/internal/durable"
 )
@@ -24,9 +25,21 @@ import (
 //   - DEL of a stale sandbox leave alone a pod that a newer sandbox (same
 //     pod UID, new container id) has enrolled since.
 // ':' can appear in neither a container id nor an interface name, so the
-// file name is unambiguous. The file is written before AddPod and removed
-// after a successful RemovePod, so no record the plugin made is ever
-// without its file (short of someone deleting dataDir).
+// file name is unambiguous. The file is written before AddPod, so no
+// record the daemon keeps for the plugin is without its file.
+//
+// Files must not outlive their attachment: the runtimes in use (podman,
+// containerd, kubelet with libcni 1.1) never call GC. So every DEL that
+// succeeds removes its file, and ADD now and then removes the files of
+// attachments whose network namespace no longer exists (a sandbox whose
+// DEL never came). The daemon drops its own record of such a pod when it
+// finds the namespace gone, so nothing is left for GC to release.
+//
+// The files are replaced atomically but not fsynced. They describe network
+// namespaces, which a power loss or reboot destroys along with the
+// daemon's records on /run; a record lost that way names nothing that
+// still exists, and the sweep removes one that survived. fsync would cost
+// every pod start two disk flushes for nothing.
 
 // Attachment is the plugin's record of one attachment it enrolled.
 type Attachment struct {
@@ -73,7 +86,19 @@ func (s attachments) Put(a Attachment) error {
 	if err != nil {
 		return fmt.Errorf("encode attachment record: %w", err)
 	}
-	if err := durable.WriteFile(s.path(a.Network, a.ContainerID, a.IfName), b); err != nil {
+	f, err := os.CreateTemp(dir, durable.TempPrefix+a.ContainerID+":"+a.IfName+"-*")
+	if err != nil {
+		return fmt.Errorf("write attachment record: %w", err)
+	}
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), s.path(a.Network, a.ContainerID, a.IfName))
+	}
+	if err != nil {
+		os.Remove(f.Name())
 		return fmt.Errorf("write attachment record: %w", err)
 	}
 	return nil
@@ -81,7 +106,7 @@ func (s attachments) Put(a Attachment) error {
 
 // Delete removes the record; a missing one is fine.
 func (s attachments) Delete(network, containerID, ifname string) error {
-	if err := durable.Remove(s.path(network, containerID, ifname)); err != nil {
+	if err := os.Remove(s.path(network, containerID, ifname)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove attachment record: %w", err)
 	}
 	return nil
@@ -91,6 +116,17 @@ func (s attachments) Delete(network, containerID, ifname string) error {
 // network is empty. A file that cannot be decoded is reported, not
 // skipped, so that GC never mistakes an unreadable record for no record.
 func (s attachments) List(network string) ([]Attachment, error) {
+	return s.list(network, "")
+}
+
+// OfContainer returns the records of one container, on every network:
+// the attachments of one sandbox, which share its container id. Only
+// their files are read.
+func (s attachments) OfContainer(containerID string) ([]Attachment, error) {
+	return s.list("", containerID)
+}
+
+func (s attachments) list(network, containerID string) ([]Attachment, error) {
 	pattern := filepath.Join(s.dir, "*", "*:*")
 	if network != "" {
 		pattern = filepath.Join(s.dir, network, "*:*")
@@ -102,8 +138,12 @@ func (s attachments) List(network string) ([]Attachment, error) {
 	var out []Attachment
 	var errs []error
 	for _, f := range files {
-		if strings.HasPrefix(filepath.Base(f), durable.TempPrefix) {
+		base := filepath.Base(f)
+		if strings.HasPrefix(base, durable.TempPrefix) {
 			continue // a write a crash interrupted; never acknowledged
+		}
+		if containerID != "" && !strings.HasPrefix(base, containerID+":") {
+			continue
 		}
 		b, err := os.ReadFile(f)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -120,4 +160,65 @@ func (s attachments) List(network string) ([]Attachment, error) {
 		out = append(out, a)
 	}
 	return out, errors.Join(errs...)
+}
+
+// sweepMarker is the file whose modification time says when the last
+// sweep started.
+const sweepMarker = ".last-sweep"
+
+// Sweep removes, at most once per interval (every call when interval is
+// not positive), the records whose network namespace no longer exists,
+// and the temporary files that a crashed write left. It returns how many
+// files it removed; ran is false when the interval had not passed.
+//
+// A namespace path that is gone means the sandbox is gone: runtimes name
+// each sandbox's namespace afresh, and a namespace that still exists is
+// never swept, however old its record. Records that cannot be read are
+// left for GC and an operator to see.
+//
+// keep is the attachment of the running ADD, whose namespace the daemon has
+// just accepted; it is never removed.
+func (s attachments) Sweep(now time.Time, interval time.Duration, keep Attachment) (removed int, ran bool, err error) {
+	marker := filepath.Join(s.dir, sweepMarker)
+	if fi, err := os.Stat(marker); err == nil && interval > 0 && now.Sub(fi.ModTime()) < interval && !fi.ModTime().After(now) {
+		return 0, false, nil
+	}
+	// The marker is moved first, so that ADDs running at the same time do
+	// not all sweep.
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+		return 0, true, fmt.Errorf("create attachment directory: %w", err)
+	}
+	if err := os.WriteFile(marker, nil, 0o600); err != nil {
+		return 0, true, fmt.Errorf("mark sweep: %w", err)
+	}
+	if err := os.Chtimes(marker, now, now); err != nil {
+		return 0, true, fmt.Errorf("mark sweep: %w", err)
+	}
+	var errs []error
+	temps, _ := filepath.Glob(filepath.Join(s.dir, "*", durable.TempPrefix+"*"))
+	for _, f := range temps {
+		// A temporary file younger than a minute may be a write in
+		// progress.
+		if fi, err := os.Stat(f); err == nil && now.Sub(fi.ModTime()) > time.Minute {
+			if err := os.Remove(f); err == nil {
+				removed++
+			}
+		}
+	}
+	all, err := s.List("")
+	errs = append(errs, err)
+	for _, a := range all {
+		if a.Netns == "" || (a.Network == keep.Network && a.ContainerID == keep.ContainerID && a.IfName == keep.IfName) {
+			continue
+		}
+		if _, err := os.Stat(a.Netns); !errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err := s.Delete(a.Network, a.ContainerID, a.IfName); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed++
+	}
+	return removed, true, errors.Join(errs...)
 }

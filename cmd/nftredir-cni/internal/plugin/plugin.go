@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -41,7 +42,16 @@ type Plugin struct {
 	Stdout io.Writer
 	// Stderr receives the log unless the config names a logFile.
 	Stderr io.Writer
+	// SweepInterval is how often ADD looks for attachment records of
+	// sandboxes that are gone (see attachments.go). Zero means
+	// DefaultSweepInterval; a negative value sweeps on every ADD.
+	SweepInterval time.Duration
 }
+
+// DefaultSweepInterval bounds the records a node keeps to its live
+// attachments plus those whose sandboxes vanished without a DEL in the
+// last few minutes, at the cost of reading every record once per interval.
+const DefaultSweepInterval = 5 * time.Minute
 
 // New returns the plugin as the binary runs it.
 func New() *Plugin {
@@ -84,6 +94,9 @@ func (p *Plugin) begin(cmd string, args *skel.CmdArgs, withOptions bool, opts ..
 		closeLog()
 		return nil, types.NewError(ErrInternal, fmt.Sprintf("connect to nftredird at %s", conf.Socket), err.Error())
 	}
+	// The handshake with the daemon runs while the command reads its
+	// arguments and attachment record.
+	cl.Connect()
 	return &run{
 		conf: conf,
 		log:  log,
@@ -91,7 +104,12 @@ func (p *Plugin) begin(cmd string, args *skel.CmdArgs, withOptions bool, opts ..
 		cl:   cl,
 		atts: attachments{dir: conf.DataDir},
 		closer: func() {
-			cl.Close()
+			// Not waited for: a gRPC close sends GOAWAY and waits for the
+			// transport's writer and reader goroutines, which on a busy
+			// node took milliseconds (once two seconds) of the pod's
+			// start after the result was printed. The binary exits next,
+			// which closes the socket anyway; the daemon sees an EOF.
+			go cl.Close()
 			cancel()
 			closeLog()
 		},
@@ -121,7 +139,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error { return p.do("ADD", args, true, 
 // Del releases the pod. It succeeds whenever there is nothing left to
 // release: the pod is not enrolled, its namespace is gone, or the daemon
 // cannot be reached (the daemon drops records of vanished namespaces by
-// itself, and GC removes the rest).
+// itself). A successful DEL removes the attachment's record.
 func (p *Plugin) Del(args *skel.CmdArgs) error { return p.do("DEL", args, false, p.del) }
 
 // Check fails unless the daemon has the pod enrolled, with this namespace
@@ -208,7 +226,24 @@ func (p *Plugin) add(r *run, args *skel.CmdArgs) error {
 	}
 	log.Info("pod enrolled", "netns", args.Netns, "ips", strings.Join(ips, ","), "netns_id", pod.GetNetnsId(),
 		"mode", pod.GetOptions().GetCaptureMode().String())
+	p.sweep(r, att)
 	return p.print(prev, r.conf.CNIVersion)
+}
+
+// sweep removes the records of sandboxes that vanished without a DEL. It
+// never fails the ADD: a record left behind costs a little disk, not a pod.
+func (p *Plugin) sweep(r *run, self Attachment) {
+	interval := p.SweepInterval
+	if interval == 0 {
+		interval = DefaultSweepInterval
+	}
+	n, ran, err := r.atts.Sweep(time.Now(), interval, self)
+	if err != nil {
+		r.log.Warn("sweeping attachment records", "error", err)
+	}
+	if ran {
+		r.log.Debug("swept attachment records of vanished sandboxes", "removed", n)
+	}
 }
 
 func mayHaveApplied(err error) bool {
@@ -288,34 +323,52 @@ func (p *Plugin) del(r *run, args *skel.CmdArgs) error {
 		return nil
 	}
 	log := r.log.With("pod", t.key)
-	forget := func() {
-		if err := r.atts.Delete(r.conf.Name, args.ContainerID, args.IfName); err != nil {
-			log.Warn("could not remove attachment record", "error", err)
-		}
+	if err := p.release(r, args, t, log); err != nil {
+		return err
 	}
-	got, err := r.cl.GetPod(r.ctx, t.key)
-	switch {
-	case status.Code(err) == codes.NotFound:
-		log.Info("pod not enrolled; nothing to release")
-		forget()
+	// The runtime forgets an attachment whose DEL succeeded, and no
+	// runtime in use calls GC: a record kept now would stay forever.
+	if err := r.atts.Delete(r.conf.Name, args.ContainerID, args.IfName); err != nil {
+		log.Warn("could not remove attachment record", "error", err)
+	}
+	return nil
+}
+
+// release releases the pod of a DEL unless it is not this attachment's to
+// release. A nil error is DEL's success.
+func (p *Plugin) release(r *run, args *skel.CmdArgs, t target, log hclog.Logger) error {
+	if t.att == nil && t.netns == "" {
+		// Without its record and its namespace nothing tells this
+		// attachment's pod from a newer sandbox of the same pod (a
+		// runtime's second DEL after removing the namespace). Its own
+		// capture went with the namespace; the daemon drops the record.
+		log.Info("no attachment record and no namespace; nothing of ours to release")
 		return nil
-	case isGone(err):
+	}
+	// The pod's record, not GetPod: DEL needs only the namespace the
+	// daemon has, not GetPod's live inspection of it.
+	pods, err := r.cl.ListPods(r.ctx)
+	if isGone(err) {
 		log.Warn("nftredird unreachable; treating the pod as released", "socket", r.conf.Socket, "error", err)
 		return nil
-	case err != nil:
+	}
+	if err != nil {
 		return r.delError(log, t, err)
 	}
-	enrolledNetns := got.GetPod().GetNetnsPath()
+	i := slices.IndexFunc(pods, func(pod *nftredirv1.Pod) bool { return pod.GetPodUid() == t.key })
+	if i < 0 {
+		log.Info("pod not enrolled; nothing to release")
+		return nil
+	}
+	enrolledNetns := pods[i].GetNetnsPath()
 	if t.netns != "" && enrolledNetns != t.netns {
 		// A newer sandbox of the same pod enrolled it since; its capture
 		// is not this attachment's to remove.
 		log.Info("pod enrolled with another namespace since; leaving it", "ours", t.netns, "now", enrolledNetns)
-		forget()
 		return nil
 	}
 	if holder := r.otherHolder(t.key, enrolledNetns, args.ContainerID, args.IfName); holder != "" {
 		log.Info("pod still enrolled through another attachment; leaving it", "attachment", holder)
-		forget()
 		return nil
 	}
 	existed, err := r.cl.RemovePod(r.ctx, t.key)
@@ -327,7 +380,6 @@ func (p *Plugin) del(r *run, args *skel.CmdArgs) error {
 		return r.delError(log, t, err)
 	}
 	log.Info("pod released", "existed", existed)
-	forget()
 	return nil
 }
 
@@ -348,9 +400,10 @@ func (r *run) delError(log hclog.Logger, t target, err error) error {
 // one with the namespace the daemon has), if any: a pod attached through
 // several networks must stay enrolled until the last attachment goes.
 // Attachments of an older sandbox never DELeted do not count; they hold
-// nothing the daemon still has.
+// nothing the daemon still has. The attachments of one sandbox share its
+// container id, so only that container's records are read.
 func (r *run) otherHolder(key, netns, containerID, ifname string) string {
-	all, err := r.atts.List("")
+	all, err := r.atts.OfContainer(containerID)
 	if err != nil {
 		r.log.Warn("could not read every attachment record", "error", err)
 	}

@@ -378,9 +378,10 @@ func TestCNIDelSucceedsWithoutDaemon(t *testing.T) {
 	if err := e.p.Del(a); err != nil {
 		t.Fatalf("DEL without daemon: %v", err)
 	}
-	// The record stays, so that a later GC can still release the pod.
-	if att, _ := (attachments{e.dataDir}).Get("net", "ctr1", "eth0"); att == nil {
-		t.Error("attachment record dropped although the pod may still be enrolled")
+	// The runtime forgets the attachment, so the record must go too; the
+	// daemon drops the pod itself once its namespace is gone.
+	if att, _ := (attachments{e.dataDir}).Get("net", "ctr1", "eth0"); att != nil {
+		t.Error("attachment record left after a successful DEL")
 	}
 }
 
@@ -390,7 +391,7 @@ func TestCNIDelErrors(t *testing.T) {
 		code   codes.Code
 		fail   bool
 	}{
-		{"GetPod", codes.Internal, true},
+		{"ListPods", codes.Internal, true},
 		{"RemovePod", codes.Internal, true},
 		{"RemovePod", codes.Unknown, true},
 		{"RemovePod", codes.PermissionDenied, false},
