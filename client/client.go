@@ -138,15 +138,23 @@ func (c *Client) Close() error {
 }
 
 // AddPod enrols a pod, or re-applies its rules when its options, IPs or
-// namespace changed, and returns the pod as the daemon recorded it.
+// namespace changed, and returns the pod as the daemon recorded it: nil
+// when the daemon's enrolment policy (Kubernetes mode) left it
+// uncaptured; AddPodResponse says why.
 func (c *Client) AddPod(ctx context.Context, req *nftredirv1.AddPodRequest) (*nftredirv1.Pod, error) {
-	resp, err := call(ctx, c, func(ctx context.Context) (*nftredirv1.AddPodResponse, error) {
-		return c.rpc.AddPod(ctx, req)
-	})
+	resp, err := c.AddPodResponse(ctx, req)
 	if err != nil {
 		return nil, err
 	}
 	return resp.GetPod(), nil
+}
+
+// AddPodResponse is AddPod with the daemon's whole answer, including the
+// reason a pod was left uncaptured.
+func (c *Client) AddPodResponse(ctx context.Context, req *nftredirv1.AddPodRequest) (*nftredirv1.AddPodResponse, error) {
+	return call(ctx, c, func(ctx context.Context) (*nftredirv1.AddPodResponse, error) {
+		return c.rpc.AddPod(ctx, req)
+	})
 }
 
 // RemovePod releases a pod. It succeeds when the pod is not enrolled or its

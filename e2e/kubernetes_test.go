@@ -34,6 +34,7 @@ type meshCluster struct {
 	daemon *nftredird
 	api    *client.Client
 	zds    string
+	cniLog string
 }
 
 const (
@@ -53,7 +54,7 @@ func startMeshCluster(t *testing.T) *meshCluster {
 	c.Apply(t, "-f", filepath.Join(bin.Repo, "deploy", "kubernetes", "rbac.yaml"))
 	kubeconfig := c.ServiceAccountKubeconfig(t, "nftredir-system", "nftredir")
 	dir := t.TempDir()
-	m := &meshCluster{Cluster: c, zds: filepath.Join(dir, "zds.sock")}
+	m := &meshCluster{Cluster: c, zds: filepath.Join(dir, "zds.sock"), cniLog: filepath.Join(dir, "cni.log")}
 	m.daemon = startDaemon(t, daemonOpts{
 		dir:   dir,
 		netns: c.Netns.Path,
@@ -291,6 +292,16 @@ func TestK8sKubernetesMode(t *testing.T) {
 			wantDirect(t, m.answer(t, p), p.Name)
 			if _, ok := p.Annotations[kube.RedirectionAnnotation]; ok {
 				t.Errorf("pod %s/%s annotated though not captured", p.Namespace, p.Name)
+			}
+		}
+		// The plugin says why, from the daemon's answer.
+		b, err := os.ReadFile(m.cniLog)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, why := range []string{"neither the pod nor namespace plain is labelled istio.io/dataplane-mode=ambient", "the pod is labelled istio.io/dataplane-mode=none"} {
+			if !strings.Contains(string(b), why) {
+				t.Errorf("the CNI log does not say %q", why)
 			}
 		}
 	})

@@ -68,13 +68,18 @@ Examples:
 			if req.PodUid == "" || req.NetnsPath == "" {
 				return usagef("--pod-uid and --netns are required")
 			}
-			pod, err := c.AddPod(ctx, req)
+			resp, err := c.AddPodResponse(ctx, req)
 			if err != nil {
 				return err
 			}
 			if *out == "json" {
-				return printJSON(a.stdout, &nftredirv1.AddPodResponse{Pod: pod})
+				return printJSON(a.stdout, resp)
 			}
+			if why := resp.GetNotCapturedReason(); why != "" {
+				fmt.Fprintf(a.stdout, "Not captured: %s.\n", why)
+				return nil
+			}
+			pod := resp.GetPod()
 			fmt.Fprintf(a.stdout, "Enrolled %s.\n\n", podName(pod))
 			t := newTable(a.stdout)
 			a.printPod(t, pod)

@@ -212,7 +212,7 @@ func (p *Plugin) add(r *run, args *skel.CmdArgs) error {
 		PodIps:       ips,
 		Options:      r.conf.Options,
 	}
-	pod, err := r.cl.AddPod(r.ctx, req)
+	resp, err := r.cl.AddPodResponse(r.ctx, req)
 	if err != nil {
 		// The daemon changes nothing on a failed AddPod, except perhaps
 		// when the deadline cut it short; only then must the file stay
@@ -224,8 +224,13 @@ func (p *Plugin) add(r *run, args *skel.CmdArgs) error {
 		}
 		return daemonError(err, fmt.Sprintf("enrol pod %s", id.Key), r.conf.Socket)
 	}
-	log.Info("pod enrolled", "netns", args.Netns, "ips", strings.Join(ips, ","), "netns_id", pod.GetNetnsId(),
-		"mode", pod.GetOptions().GetCaptureMode().String())
+	if why := resp.GetNotCapturedReason(); why != "" {
+		log.Info("pod not captured: the daemon's enrolment policy leaves it alone", "reason", why, "netns", args.Netns)
+	} else {
+		pod := resp.GetPod()
+		log.Info("pod enrolled", "netns", args.Netns, "ips", strings.Join(ips, ","), "netns_id", pod.GetNetnsId(),
+			"mode", pod.GetOptions().GetCaptureMode().String())
+	}
 	p.sweep(r, att)
 	return p.print(prev, r.conf.CNIVersion)
 }
