@@ -364,6 +364,32 @@ func TestK8sKubernetesMode(t *testing.T) {
 		}
 	})
 
+	t.Run("a record whose pod is not in the API is released on start", func(t *testing.T) {
+		// A record the API knows nothing of, in a namespace that is still
+		// there: what a DEL that never came leaves. Standalone mode makes
+		// one; Kubernetes mode must release it before SERVING.
+		ns := nstest.NewNetns(t)
+		kubeArgs := m.daemon.args
+		m.daemon.stop(t)
+		m.daemon.args = nil
+		m.daemon.start(t)
+		if _, err := m.api.AddPod(t.Context(), &nftredirv1.AddPodRequest{PodUid: "no-such-pod-uid", PodName: "ghost", PodNamespace: "mesh", NetnsPath: ns.Path}); err != nil {
+			t.Fatal(err)
+		}
+		if st := observePod(t, ns); !st.enrolled() {
+			t.Fatalf("standalone AddPod did not capture: %v", st)
+		}
+		m.daemon.stop(t)
+		m.daemon.args = kubeArgs
+		m.daemon.start(t)
+		if rec := m.enrolled(t, "no-such-pod-uid"); rec != nil {
+			t.Fatalf("a record whose pod is not in the API is still enrolled: %v", rec)
+		}
+		if st := observePod(t, ns); !st.absent() {
+			t.Errorf("its namespace still has nftredir's state: %v", st)
+		}
+	})
+
 	t.Run("daemon down: mesh pods wait for it, kube-system pods do not", func(t *testing.T) {
 		m.daemon.stop(t)
 		stopped := true
