@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftredir/nftredir/internal/syncbuf"
+
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -118,25 +120,8 @@ type testServer struct {
 	conn   *grpc.ClientConn
 	api    nftredirv1.RedirectServiceClient
 	health healthgrpc.HealthClient
-	logs   *syncBuffer
+	logs   *syncbuf.Buffer
 	stop   func()
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // serverOpt adjusts the Config before the server starts.
@@ -154,7 +139,7 @@ func startServer(t *testing.T, wait bool, opts ...serverOpt) *testServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	cfg := Config{
 		Guard:             guard,
 		Applier:           nft.NewNetlink(),

@@ -2,7 +2,6 @@ package zds_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -12,10 +11,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nftredir/nftredir/internal/syncbuf"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -64,24 +64,6 @@ func runPeerChild(path string) int {
 	return 0
 }
 
-// syncBuffer is a log sink the test can read while the server writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // reachable lets other uids traverse to the fixture's socket; the socket
 // directory (0750, group SocketGroup) and the socket (0660) still guard it.
 func reachable(t *testing.T, f *fixture) {
@@ -113,7 +95,7 @@ func peerAs(t *testing.T, bin, path string, cred *syscall.Credential) string {
 func TestCallerNotAllowedGetsNothing(t *testing.T) {
 	nstest.RequirePrivileged(t)
 	bin := nstest.DialChildBinary(t)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	f := newFixture(t, func(c *zds.Config) {
 		c.Logger = hclog.New(&hclog.LoggerOptions{Name: "zds", Level: hclog.Debug, Output: logs})
 	})
@@ -178,7 +160,7 @@ func TestAllowedCallers(t *testing.T) {
 func TestRefusedFloodDoesNotDelayTheProxy(t *testing.T) {
 	nstest.RequirePrivileged(t)
 	bin := nstest.DialChildBinary(t)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	f := newFixture(t, func(c *zds.Config) {
 		c.AcceptInterval = zds.DefaultAcceptInterval
 		c.Logger = hclog.New(&hclog.LoggerOptions{Name: "zds", Level: hclog.Debug, Output: logs})

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftredir/nftredir/internal/syncbuf"
+
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
@@ -503,7 +505,7 @@ func TestCloseFailsWaiters(t *testing.T) {
 // retried forever: at most MaxDelAttempts times, and not at all once the
 // pod's namespace is gone. Both are logged.
 func TestNackedDelIsBounded(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	f := newFixture(t, func(c *zds.Config) {
 		c.MaxDelAttempts = 3
 		c.Logger = hclog.New(&hclog.LoggerOptions{Name: "zds", Level: hclog.Debug, Output: logs})

@@ -1,14 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/nftredir/nftredir/internal/syncbuf"
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -21,24 +21,6 @@ import (
 )
 
 var now = time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
-
-// syncBuffer lets a test read output while the CLI is still writing it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 type env struct {
 	fake   *clienttest.Fake
@@ -60,7 +42,7 @@ func (e *env) run(t *testing.T, args ...string) (stdout, stderr string, code int
 }
 
 func (e *env) runCtx(ctx context.Context, args ...string) (stdout, stderr string, code int) {
-	var out, errOut syncBuffer
+	var out, errOut syncbuf.Buffer
 	a := &app{
 		stdout: &out,
 		stderr: &errOut,
@@ -431,7 +413,7 @@ func TestWatch(t *testing.T) {
 		t.Run(format, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
-			var out, errOut syncBuffer
+			var out, errOut syncbuf.Buffer
 			a := &app{stdout: &out, stderr: &errOut, getenv: func(string) string { return e.socket }, now: func() time.Time { return now }}
 			done := make(chan int, 1)
 			go func() { done <- a.run(ctx, []string{"watch", "-o", format}) }()
@@ -501,7 +483,7 @@ func TestWatchDaemonGone(t *testing.T) {
 	f := clienttest.New()
 	srv := clienttest.Start(t, f)
 	e := &env{fake: f, socket: srv.Socket}
-	var out, errOut syncBuffer
+	var out, errOut syncbuf.Buffer
 	a := &app{stdout: &out, stderr: &errOut, getenv: func(string) string { return e.socket }, now: time.Now}
 	done := make(chan int, 1)
 	go func() { done <- a.run(t.Context(), []string{"watch"}) }()

@@ -5,8 +5,10 @@
 package durable
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -19,13 +21,25 @@ const TempPrefix = ".tmp-"
 // WriteFile replaces path with data atomically and durably. The file gets
 // the mode os.CreateTemp gives (0600).
 func WriteFile(path string, data []byte) error {
+	return WriteFrom(path, bytes.NewReader(data), 0o600)
+}
+
+// WriteFrom replaces path with what r holds, atomically and durably: a
+// temporary file in the same directory, fsync, chmod to mode, rename,
+// directory fsync. The temporary name starts with TempPrefix and keeps
+// no extension, so nothing that loads files of the directory by their
+// names (a CNI runtime) picks it up.
+func WriteFrom(path string, r io.Reader, mode fs.FileMode) error {
 	dir, name := filepath.Split(path)
 	f, err := os.CreateTemp(dir, TempPrefix+name+"-*")
 	if err != nil {
 		return err
 	}
 	tmp := f.Name()
-	_, err = f.Write(data)
+	_, err = io.Copy(f, r)
+	if err == nil {
+		err = f.Chmod(mode)
+	}
 	if err == nil {
 		err = f.Sync()
 	}

@@ -9,10 +9,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nftredir/nftredir/internal/syncbuf"
 )
 
 func noEnv(string) (string, bool) { return "", false }
@@ -161,7 +162,7 @@ func TestCleanupOnExit(t *testing.T) {
 		if cleanup {
 			args = append(args, "--cleanup-on-exit")
 		}
-		var log syncBuffer
+		var log syncbuf.Buffer
 		done := make(chan int, 1)
 		go func() { done <- Main(CmdInstall, args, noEnv, supported, &log) }()
 		deadline := time.Now().Add(10 * time.Second)
@@ -197,22 +198,4 @@ func TestCleanupOnExit(t *testing.T) {
 			t.Errorf("cleanup %v: ready file outlives the installer", cleanup)
 		}
 	}
-}
-
-// syncBuffer is a log written by Main's goroutine and read by the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -406,28 +406,5 @@ func Check(cfg Config) error {
 // The temporary name has no configuration extension and is not the
 // plugin's name, so no runtime picks it up.
 func writeAtomic(path string, data io.Reader, mode fs.FileMode) error {
-	dir, name := filepath.Split(path)
-	f, err := os.CreateTemp(dir, durable.TempPrefix+name+"-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	_, err = io.Copy(f, data)
-	if err == nil {
-		err = f.Chmod(mode)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return durable.SyncDir(dir)
+	return durable.WriteFrom(path, data, mode)
 }
