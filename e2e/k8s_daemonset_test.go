@@ -547,6 +547,15 @@ func TestK8sDaemonSet(t *testing.T) {
 		if n, ok := metricValue(text, "nftredir_grpc_server_handled_total", `method="AddPod"`, `code="OK"`); !ok || n < 1 {
 			t.Errorf("nftredir_grpc_server_handled_total{AddPod,OK} = %v (present %v); want >= 1", n, ok)
 		}
+		// Idle, with nothing changing, the daemon applies nothing (the
+		// sweep re-checks each pod every 30s): a count that keeps climbing
+		// is a loop re-programming tables.
+		time.Sleep(2 * time.Second)
+		later, _ := metricValue(scrapeNode(t, c), "nftredir_pod_apply_duration_seconds_count")
+		t.Logf("nftredir_pod_apply_duration_seconds_count: %v, and %v 2s later with the node idle", n, later)
+		if later-n > 4 {
+			t.Errorf("%v pod table applies in 2s on an idle node with 2 pods; want next to none", later-n)
+		}
 		var excerpt []string
 		for line := range strings.SplitSeq(text, "\n") {
 			if strings.HasPrefix(line, "nftredir_") && !strings.Contains(line, "_bucket{") {
