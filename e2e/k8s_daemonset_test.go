@@ -356,7 +356,8 @@ func TestK8sDaemonSet(t *testing.T) {
 	begin := time.Now()
 	tarball, bin := buildImage(t)
 	if fi, err := os.Stat(tarball); err == nil {
-		t.Logf("image %s: %d bytes (%.1f MiB)", imageTag, fi.Size(), float64(fi.Size())/(1<<20))
+		// This run's binaries, not stripped as make image's are.
+		t.Logf("image %s (hack/image.sh of the test's binaries): %d bytes (%.1f MiB)", imageTag, fi.Size(), float64(fi.Size())/(1<<20))
 	}
 	c := startCluster(t)
 	c.ImportImage(t, tarball)
@@ -499,8 +500,19 @@ func TestK8sDaemonSet(t *testing.T) {
 			t.Fatal(err)
 		}
 		captured(t, web)
-		t.Logf("right after deleting %s: still captured", old)
+		t.Logf("%s terminating: still captured", old)
 		start := time.Now()
+		c.WaitPodGone(t, dsNamespace, old)
+		// Between the old daemon's exit and the new one's start nothing
+		// serves the node; the pod's table alone keeps it captured.
+		ready := 0
+		for _, p := range dsPods(t, c) {
+			if kcluster.PodReady(&p) {
+				ready++
+			}
+		}
+		captured(t, web)
+		t.Logf("%s gone (%s after delete), %d daemon pod(s) Ready: still captured", old, time.Since(start).Round(time.Millisecond), ready)
 		daemonPod = waitDSPodReady(t, c, old)
 		t.Logf("new daemon pod %s Ready %s after deleting %s", daemonPod.Name, time.Since(start).Round(time.Millisecond), old)
 		captured(t, web)
@@ -525,6 +537,8 @@ func TestK8sDaemonSet(t *testing.T) {
 			types, _ := conflistTypes(t, c)
 			if slices.Contains(types, "nftredir-cni") {
 				t.Logf("plugin chained again %s after the rewrite (plugins %v)", time.Since(start).Round(time.Millisecond), types)
+				// The next pod (below) goes through the repaired network.
+				waitCRINetwork(t, c, true)
 				break
 			}
 			if time.Now().After(deadline) {
@@ -535,8 +549,8 @@ func TestK8sDaemonSet(t *testing.T) {
 	})
 
 	t.Run("metrics", func(t *testing.T) {
-		// The new daemon applied web at its startup reconcile or a drift
-		// repair; a second pod gives it an AddPod of its own.
+		// The new daemon found web in line at its start; a second pod
+		// gives it an AddPod (and an apply) of its own.
 		p := m.runPod(t, "mesh", "second")
 		inSync(t, p)
 		text := scrapeNode(t, c)
