@@ -370,9 +370,8 @@ func TestK8sDaemonSet(t *testing.T) {
 		cniData:   filepath.Join(tmp, "cni-data"),
 		cniLog:    filepath.Join(tmp, "cni.log"),
 	}
-	// The cni-lib hostPath is DirectoryOrCreate, but the install step
-	// copies only into directories that exist; made here, it must get a
-	// copy too.
+	// There before the pod, as a node's own directories are: the install
+	// step copies the plugin into both bin dirs.
 	for _, d := range []string{h.run, h.ztunnel, h.cniBinLib} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
