@@ -229,18 +229,23 @@ func TestDaemonSet(t *testing.T) {
 				t.Errorf("%s mounts unknown volume %s", c.Name, vm.Name)
 			}
 			mounts[c.Name+":"+hp] = vm.MountPath
-			if hp == "/var/run/netns" && (vm.MountPropagation == nil || *vm.MountPropagation != corev1.MountPropagationHostToContainer) {
-				t.Errorf("/var/run/netns without HostToContainer propagation: namespaces created later would not appear")
+			if hp == "/run/netns" && (vm.MountPropagation == nil || *vm.MountPropagation != corev1.MountPropagationHostToContainer) {
+				t.Errorf("/run/netns without HostToContainer propagation: namespaces created later would not appear")
 			}
 		}
 	}
-	for _, want := range []string{"nftredird:/var/run/netns", "nftredird:/run/nftredir", "nftredird:/var/run/ztunnel",
+	for _, want := range []string{"nftredird:/run/netns", "nftredird:/run/nftredir", "nftredird:/var/run/ztunnel",
 		"install-cni:/opt/cni/bin", "install-cni:/usr/lib/cni", "install-cni:/etc/cni/net.d"} {
 		if _, ok := mounts[want]; !ok {
 			t.Errorf("no mount %s", want)
 		}
 	}
 	// The daemon's sockets and records sit where its defaults put them.
+	// Pods' namespaces by the paths the runtime passes (containerd:
+	// /var/run/netns/cni-<id>).
+	if mounts["nftredird:/run/netns"] != "/var/run/netns" {
+		t.Errorf("the node's /run/netns is mounted at %q; want /var/run/netns", mounts["nftredird:/run/netns"])
+	}
 	if mounts["nftredird:/run/nftredir"] != "/run/nftredir" || mounts["nftredird:/var/run/ztunnel"] != "/var/run/ztunnel" {
 		t.Errorf("daemon mounts %v", mounts)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -86,6 +87,10 @@ type Agent struct {
 
 	enr   Enroller // set by Start
 	ready atomic.Bool
+	// own holds the pods the agent is enrolling itself (sync): their
+	// Added must not queue them again, or every sync of a captured pod
+	// would queue the next, re-applying its table without end.
+	own sync.Map
 }
 
 var _ server.Policy = (*Agent)(nil)
@@ -394,7 +399,9 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 		if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 			return nil
 		}
+		a.own.Store(uid, struct{}{})
 		resp, err := a.enr.Enrol(withAgent(ctx), seen.request())
+		a.own.Delete(uid)
 		if err != nil {
 			if status.Code(err) == codes.FailedPrecondition && rec == nil {
 				// The remembered path no longer leads to the pod's
@@ -600,7 +607,9 @@ func (a *Agent) Added(req *nftredirv1.AddPodRequest, captured bool, err error) {
 		ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: req.GetPodNamespace(), Name: req.GetPodName(), UID: types.UID(req.GetPodUid())}
 		a.events.Eventf(ref, corev1.EventTypeWarning, reason, "nftredir cannot capture the pod's traffic: %s", status.Convert(err).Message())
 	}
-	if a.ready.Load() {
+	// After an AddPod of the runtime's, sync annotates the pod; the
+	// agent's own enrolments are already inside a sync that does.
+	if _, own := a.own.Load(req.GetPodUid()); a.ready.Load() && !own {
 		a.queue.Add(req.GetPodUid())
 	}
 }

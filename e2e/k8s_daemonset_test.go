@@ -1,0 +1,630 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/nftredir/nftredir/client"
+	"github.com/nftredir/nftredir/internal/kcluster"
+	"github.com/nftredir/nftredir/internal/nstest"
+	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+)
+
+// dsNamespace and dsSelector are deploy/kubernetes's.
+const (
+	dsNamespace = "nftredir-system"
+	dsSelector  = "app.kubernetes.io/name=nftredir"
+	// dsClientUID dials pods from the node: any uid but the kubelet's.
+	dsClientUID = 4343
+)
+
+// dsHost is the node's side of the DaemonSet's hostPaths, moved into the
+// test's temporary directories.
+type dsHost struct {
+	run, ztunnel, cniBinLib, cniData, cniLog string
+}
+
+func (h dsHost) socket() string { return filepath.Join(h.run, "nftredir.sock") }
+
+// writeDSOverlay writes a kustomization whose base is the repository's
+// deploy/kubernetes and which changes only what must differ in the test
+// cluster: the host directories (the cluster's CNI dirs, temporary dirs
+// instead of the machine's /run/nftredir, /var/run/ztunnel, /usr/lib/cni
+// and /var/lib/cni/nftredir), the primary network's name, and the image
+// pull policy (the image is imported, there is no registry).
+func writeDSOverlay(t *testing.T, repo string, c *kcluster.Cluster, h dsHost) string {
+	t.Helper()
+	dir := t.TempDir()
+	base, err := filepath.Rel(dir, filepath.Join(repo, "deploy", "kubernetes"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The plugin's entry as a file, for the keys the install step has no
+	// flag for (dataDir); the ConfigMap's NFTREDIR_CNI_* still win.
+	entry, err := json.Marshal(map[string]any{
+		"type":     "nftredir-cni",
+		"dataDir":  h.cniData,
+		"logFile":  h.cniLog,
+		"logLevel": "debug",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{
+		"entry.json": string(entry),
+		"kustomization.yaml": fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - %s
+configMapGenerator:
+  - name: nftredir-test-entry
+    namespace: %s
+    files:
+      - entry.json
+patches:
+  - path: configmap.yaml
+  - path: daemonset.yaml
+`, base, dsNamespace),
+		"configmap.yaml": fmt.Sprintf(`apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: nftredir
+  namespace: %s
+data:
+  NFTREDIR_CNI_CONF_NAME: %q
+  NFTREDIR_CNI_SOCKET: %q
+  NFTREDIR_CNI_PLUGIN_CONFIG: /etc/nftredir-test/entry.json
+`, dsNamespace, kcluster.ConflistName, h.socket()),
+		"daemonset.yaml": fmt.Sprintf(`apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: nftredir
+  namespace: %s
+spec:
+  template:
+    spec:
+      containers:
+        - name: nftredird
+          imagePullPolicy: Never
+        - name: install-cni
+          imagePullPolicy: Never
+          volumeMounts:
+            - name: test-entry
+              mountPath: /etc/nftredir-test
+              readOnly: true
+      volumes:
+        - name: run-nftredir
+          hostPath: {path: %q}
+        - name: ztunnel
+          hostPath: {path: %q}
+        - name: cni-bin-opt
+          hostPath: {path: %q}
+        - name: cni-bin-lib
+          hostPath: {path: %q}
+        - name: cni-conf
+          hostPath: {path: %q}
+        - name: test-entry
+          configMap: {name: nftredir-test-entry}
+`, dsNamespace, h.run, h.ztunnel, c.CNIBinDir, h.cniBinLib, c.CNIConfDir),
+	}
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// dsPods are the DaemonSet's pods that are not being deleted.
+func dsPods(t *testing.T, c *kcluster.Cluster) []corev1.Pod {
+	t.Helper()
+	l, err := c.Client.CoreV1().Pods(dsNamespace).List(t.Context(), metav1.ListOptions{LabelSelector: dsSelector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var live []corev1.Pod
+	for _, p := range l.Items {
+		if p.DeletionTimestamp == nil {
+			live = append(live, p)
+		}
+	}
+	return live
+}
+
+// waitDSPodReady waits for a Ready DaemonSet pod other than those named
+// in not, and returns it.
+func waitDSPodReady(t *testing.T, c *kcluster.Cluster, not ...string) corev1.Pod {
+	t.Helper()
+	deadline := time.Now().Add(2 * kcluster.DefaultTimeout)
+	for {
+		for _, p := range dsPods(t, c) {
+			if !slices.Contains(not, p.Name) && kcluster.PodReady(&p) {
+				return p
+			}
+		}
+		if time.Now().After(deadline) {
+			out, _ := c.KubectlErr(nil, "-n", dsNamespace, "describe", "pods")
+			t.Fatalf("no Ready nftredir pod after %s:\n%s", 2*kcluster.DefaultTimeout, out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// dsLogs is both containers' logs of every DaemonSet pod, for failures.
+func dsLogs(c *kcluster.Cluster) string {
+	var b strings.Builder
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := c.Client.CoreV1().Pods(dsNamespace).List(ctx, metav1.ListOptions{LabelSelector: dsSelector})
+	if err != nil {
+		return err.Error()
+	}
+	for _, p := range l.Items {
+		for _, ctr := range []string{"nftredird", "install-cni"} {
+			raw, err := c.Client.CoreV1().Pods(dsNamespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: ctr}).DoRaw(ctx)
+			fmt.Fprintf(&b, "--- %s %s (%v):\n%s\n", p.Name, ctr, err, raw)
+		}
+	}
+	return b.String()
+}
+
+// conflistTypes are the plugin types of the primary network, in order.
+func conflistTypes(t *testing.T, c *kcluster.Cluster) ([]string, map[string]any) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(c.CNIConfDir, kcluster.ConflistName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var l struct {
+		CNIVersion string           `json:"cniVersion"`
+		Plugins    []map[string]any `json:"plugins"`
+	}
+	if err := json.Unmarshal(raw, &l); err != nil {
+		t.Fatalf("%s: %v\n%s", kcluster.ConflistName, err, raw)
+	}
+	if l.CNIVersion != kcluster.CNIVersion {
+		t.Errorf("%s has cniVersion %q; the primary CNI wrote %q", kcluster.ConflistName, l.CNIVersion, kcluster.CNIVersion)
+	}
+	var types []string
+	var entry map[string]any
+	for _, p := range l.Plugins {
+		typ, _ := p["type"].(string)
+		types = append(types, typ)
+		if typ == "nftredir-cni" {
+			entry = p
+		}
+	}
+	return types, entry
+}
+
+// waitCRINetwork waits until containerd's loaded network has the plugin
+// chained (want) or not, so the next sandbox goes through it.
+func waitCRINetwork(t *testing.T, c *kcluster.Cluster, want bool) {
+	t.Helper()
+	rs := c.CRI(t)
+	deadline := time.Now().Add(30 * time.Second)
+	var last error
+	for {
+		has, err := criHasPlugin(t.Context(), rs)
+		if err == nil && has == want {
+			return
+		}
+		last = err
+		if time.Now().After(deadline) {
+			t.Fatalf("containerd's network has nftredir-cni=%v after 30s, want %v (err %v)", has, want, last)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func criHasPlugin(ctx context.Context, rs runtimeapi.RuntimeServiceClient) (bool, error) {
+	st, err := rs.Status(ctx, &runtimeapi.StatusRequest{Verbose: true})
+	if err != nil {
+		return false, err
+	}
+	var info struct {
+		Networks []struct {
+			Config struct {
+				Name   string
+				Source string
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(st.GetInfo()["cniconfig"]), &info); err != nil {
+		return false, fmt.Errorf("CRI status cniconfig: %w", err)
+	}
+	for _, n := range info.Networks {
+		if n.Config.Name != "kcluster" {
+			continue
+		}
+		var l struct {
+			Plugins []struct {
+				Type string `json:"type"`
+			} `json:"plugins"`
+		}
+		if err := json.Unmarshal([]byte(n.Config.Source), &l); err != nil {
+			return false, err
+		}
+		for _, p := range l.Plugins {
+			if p.Type == "nftredir-cni" {
+				return true, nil
+			}
+		}
+		return false, nil
+	}
+	return false, fmt.Errorf("containerd has no network kcluster loaded")
+}
+
+// rewriteConflist replaces the primary network with bridge alone, as a
+// primary CNI's own installer does (write a temporary file, rename).
+func rewriteConflist(t *testing.T, c *kcluster.Cluster) {
+	t.Helper()
+	b, err := json.MarshalIndent(map[string]any{"cniVersion": kcluster.CNIVersion, "name": "kcluster", "plugins": []any{c.BridgePlugin()}}, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(c.CNIConfDir, ".primary-"+kcluster.ConflistName)
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(c.CNIConfDir, kcluster.ConflistName)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// scrapeNode fetches /metrics from the daemon's port on the node IP, from the
+// node namespace as Prometheus on the node's network would.
+func scrapeNode(t *testing.T, c *kcluster.Cluster) string {
+	t.Helper()
+	hc := &http.Client{Transport: &http.Transport{DialContext: c.DialContext}, Timeout: 5 * time.Second}
+	defer hc.CloseIdleConnections()
+	url := "http://" + net.JoinHostPort(c.NodeIP.String(), "15014") + "/metrics"
+	resp, err := hc.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s %v", url, resp.Status, err)
+	}
+	return string(b)
+}
+
+// metricValue sums the samples of a series name whose labels contain
+// every string of match.
+func metricValue(text, name string, match ...string) (float64, bool) {
+	var sum float64
+	found := false
+	sc := bufio.NewScanner(strings.NewReader(text))
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name+" ") && !strings.HasPrefix(line, name+"{") {
+			continue
+		}
+		ok := true
+		for _, m := range match {
+			ok = ok && strings.Contains(line, m)
+		}
+		if !ok {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err == nil {
+			sum += v
+			found = true
+		}
+	}
+	return sum, found
+}
+
+// nodeTables lists the nftables tables of the node namespace.
+func nodeTables(t *testing.T, c *kcluster.Cluster) string {
+	t.Helper()
+	out, err := c.NodeCommand("nft", "list", "tables").CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft list tables in the node: %v: %s", err, out)
+	}
+	return string(out)
+}
+
+// TestK8sDaemonSet deploys the product as a user would: the image built
+// by hack/image.sh imported into the node's containerd, and `kubectl
+// apply -k` of deploy/kubernetes (through an overlay that only moves host
+// directories into the test's). The daemon runs in its container, in
+// Kubernetes mode with the in-cluster ServiceAccount, and its install step
+// chains the plugin into the cluster's network. Real pods, real TCP.
+func TestK8sDaemonSet(t *testing.T) {
+	begin := time.Now()
+	tarball, bin := buildImage(t)
+	if fi, err := os.Stat(tarball); err == nil {
+		// This run's binaries, not stripped as make image's are.
+		t.Logf("image %s (hack/image.sh of the test's binaries): %d bytes (%.1f MiB)", imageTag, fi.Size(), float64(fi.Size())/(1<<20))
+	}
+	c := startCluster(t)
+	c.ImportImage(t, tarball)
+
+	tmp := t.TempDir()
+	h := dsHost{
+		run:       filepath.Join(tmp, "run"),
+		ztunnel:   filepath.Join(tmp, "ztunnel"),
+		cniBinLib: filepath.Join(tmp, "cni-lib"),
+		cniData:   filepath.Join(tmp, "cni-data"),
+		cniLog:    filepath.Join(tmp, "cni.log"),
+	}
+	// There before the pod, as a node's own directories are: the install
+	// step copies the plugin into both bin dirs.
+	for _, d := range []string{h.run, h.ztunnel, h.cniBinLib} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("DaemonSet pods' logs:\n%s", dsLogs(c))
+			if b, err := os.ReadFile(h.cniLog); err == nil {
+				t.Logf("nftredir-cni log:\n%s", b)
+			}
+		}
+	})
+	overlay := writeDSOverlay(t, bin.Repo, c, h)
+	rendered := c.Kubectl(t, "kustomize", overlay)
+	for _, want := range []string{h.socket(), c.CNIBinDir, c.CNIConfDir, "imagePullPolicy: Never", "image: nftredir:dev"} {
+		if !strings.Contains(rendered, want) {
+			t.Fatalf("kubectl kustomize %s lacks %q:\n%s", overlay, want, rendered)
+		}
+	}
+	for _, never := range []string{"path: /run/nftredir\n", "path: /var/run/ztunnel\n", "path: /etc/cni/net.d\n", "path: /opt/cni/bin\n", "path: /usr/lib/cni\n"} {
+		if strings.Contains(rendered, never) {
+			t.Fatalf("the overlay still mounts the machine's %q", strings.TrimSpace(never))
+		}
+	}
+	applyStart := time.Now()
+	t.Logf("kubectl apply -k:\n%s", c.Apply(t, "-k", overlay))
+
+	var daemonPod corev1.Pod
+	t.Run("DaemonSet pod Ready", func(t *testing.T) {
+		daemonPod = waitDSPodReady(t, c)
+		t.Logf("DaemonSet pod %s Ready %s after apply", daemonPod.Name, time.Since(applyStart).Round(time.Millisecond))
+		t.Logf("kubectl get ds,pods -A -o wide:\n%s", c.Kubectl(t, "get", "ds,pods", "-A", "-o", "wide"))
+		if !daemonPod.Spec.HostNetwork || daemonPod.Status.PodIP != c.NodeIP.String() {
+			t.Errorf("daemon pod hostNetwork=%v IP %s; want the node's %s", daemonPod.Spec.HostNetwork, daemonPod.Status.PodIP, c.NodeIP)
+		}
+		for _, cs := range daemonPod.Status.ContainerStatuses {
+			if !cs.Ready || cs.RestartCount != 0 {
+				t.Errorf("container %s ready=%v restarts=%d", cs.Name, cs.Ready, cs.RestartCount)
+			}
+		}
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	t.Run("install step chained the plugin", func(t *testing.T) {
+		types, entry := conflistTypes(t, c)
+		if len(types) != 2 || types[0] != "bridge" || types[1] != "nftredir-cni" {
+			t.Fatalf("%s plugins %v; want [bridge nftredir-cni]", kcluster.ConflistName, types)
+		}
+		if entry["socket"] != h.socket() || entry["dataDir"] != h.cniData {
+			t.Errorf("entry %v; want socket %s and dataDir %s", entry, h.socket(), h.cniData)
+		}
+		for _, d := range []string{c.CNIBinDir, h.cniBinLib} {
+			fi, err := os.Stat(filepath.Join(d, "nftredir-cni"))
+			if err != nil || fi.Mode()&0o111 == 0 {
+				t.Errorf("plugin binary in %s: %v %v", d, fi, err)
+			}
+		}
+		raw, _ := os.ReadFile(filepath.Join(c.CNIConfDir, kcluster.ConflistName))
+		t.Logf("%s after the install step:\n%s", kcluster.ConflistName, raw)
+		waitCRINetwork(t, c, true)
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	api, err := client.Dial(t.Context(), h.socket(), client.WithTimeout(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { api.Close() })
+	m := &meshCluster{Cluster: c, api: api}
+	inSync := func(t *testing.T, p *corev1.Pod) *nftredirv1.Pod {
+		t.Helper()
+		resp, err := api.GetPod(t.Context(), string(p.UID))
+		if err != nil {
+			t.Fatalf("GetPod %s: %v", p.UID, err)
+		}
+		if resp.GetSyncStatus() != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC {
+			t.Fatalf("pod %s is %v: %s", p.UID, resp.GetSyncStatus(), resp.GetDetail())
+		}
+		return resp.GetPod()
+	}
+
+	// The ConfigMap names the kubelet's uid, 0: the node probe table lets
+	// root's TCP from the node to pods through uncaptured (the kubelet's
+	// probes), so a client of another uid shows capture.
+	dialer := nstest.DialChildBinary(t)
+	rec := nstest.NewRecorder()
+	captured := func(t *testing.T, p *corev1.Pod) {
+		t.Helper()
+		to := netip.AddrPortFrom(mustAddr(t, p.Status.PodIP), 8080)
+		if r := c.Netns.DialAs(t, dialer, rec, dsClientUID, to); r.Listener != nstest.ProxyInbound {
+			t.Fatalf("uid %d -> %s answered by %q; want the proxy's inbound listener (captured)", dsClientUID, to, r.Listener)
+		}
+	}
+
+	var web *corev1.Pod
+	top := t
+	t.Run("mesh pod captured", func(t *testing.T) {
+		c.CreateNamespace(t, "mesh", map[string]string{meshLabel: meshEnabled})
+		web = m.runPod(t, "mesh", "web")
+		pr := inSync(t, web)
+		if pr.GetPodName() != "web" || pr.GetPodNamespace() != "mesh" || !strings.Contains(pr.GetNetnsPath(), "/netns/cni-") {
+			t.Fatalf("record %+v; want mesh/web in containerd's netns", pr)
+		}
+		// Owned by the whole test: it must outlive this step.
+		nstest.StartProxy(top, &nstest.Netns{Name: filepath.Base(pr.GetNetnsPath()), Path: pr.GetNetnsPath()}, rec, nstest.DefaultProxyPorts)
+		captured(t, web)
+		t.Logf("mesh/web (%s, netns %s) captured: uid %d in the node -> %s:8080 answered by %s", web.UID, pr.GetNetnsPath(), dsClientUID, web.Status.PodIP, nstest.ProxyInbound)
+		// The kubelet's uid bypasses capture through the node table.
+		line := m.answer(t, web)
+		wantDirect(t, line, "web")
+		t.Logf("uid 0 (the kubelet's) -> %s:8080: %s", web.Status.PodIP, line)
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	t.Run("daemon pod deleted: recreated, capture kept, reconciled", func(t *testing.T) {
+		old := daemonPod.Name
+		if err := c.Client.CoreV1().Pods(dsNamespace).Delete(t.Context(), old, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		captured(t, web)
+		t.Logf("%s terminating: still captured", old)
+		start := time.Now()
+		c.WaitPodGone(t, dsNamespace, old)
+		// Between the old daemon's exit and the new one's start nothing
+		// serves the node; the pod's table alone keeps it captured.
+		ready := 0
+		for _, p := range dsPods(t, c) {
+			if kcluster.PodReady(&p) {
+				ready++
+			}
+		}
+		captured(t, web)
+		t.Logf("%s gone (%s after delete), %d daemon pod(s) Ready: still captured", old, time.Since(start).Round(time.Millisecond), ready)
+		daemonPod = waitDSPodReady(t, c, old)
+		t.Logf("new daemon pod %s Ready %s after deleting %s", daemonPod.Name, time.Since(start).Round(time.Millisecond), old)
+		captured(t, web)
+		inSync(t, web)
+		pods, err := api.ListPods(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.ContainsFunc(pods, func(p *nftredirv1.Pod) bool { return p.GetPodUid() == string(web.UID) }) {
+			t.Errorf("the new daemon's ListPods lacks mesh/web: %v", pods)
+		}
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	t.Run("primary CNI rewriting its network is repaired", func(t *testing.T) {
+		start := time.Now()
+		rewriteConflist(t, c)
+		deadline := start.Add(10 * time.Second)
+		for {
+			types, _ := conflistTypes(t, c)
+			if slices.Contains(types, "nftredir-cni") {
+				t.Logf("plugin chained again %s after the rewrite (plugins %v)", time.Since(start).Round(time.Millisecond), types)
+				// The next pod (below) goes through the repaired network.
+				waitCRINetwork(t, c, true)
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("plugin not back in %s 10s after the rewrite: %v", kcluster.ConflistName, types)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
+
+	t.Run("metrics", func(t *testing.T) {
+		// The new daemon found web in line at its start; a second pod
+		// gives it an AddPod (and an apply) of its own.
+		p := m.runPod(t, "mesh", "second")
+		inSync(t, p)
+		text := scrapeNode(t, c)
+		n, ok := metricValue(text, "nftredir_pod_apply_duration_seconds_count")
+		if !ok || n < 1 {
+			t.Errorf("nftredir_pod_apply_duration_seconds_count = %v (present %v); want >= 1", n, ok)
+		}
+		if n, ok := metricValue(text, "nftredir_grpc_server_handled_total", `method="AddPod"`, `code="OK"`); !ok || n < 1 {
+			t.Errorf("nftredir_grpc_server_handled_total{AddPod,OK} = %v (present %v); want >= 1", n, ok)
+		}
+		// Idle, with nothing changing, the daemon applies nothing (the
+		// sweep re-checks each pod every 30s): a count that keeps climbing
+		// is a loop re-programming tables.
+		time.Sleep(2 * time.Second)
+		later, _ := metricValue(scrapeNode(t, c), "nftredir_pod_apply_duration_seconds_count")
+		t.Logf("nftredir_pod_apply_duration_seconds_count: %v, and %v 2s later with the node idle", n, later)
+		if later-n > 4 {
+			t.Errorf("%v pod table applies in 2s on an idle node with 2 pods; want next to none", later-n)
+		}
+		var excerpt []string
+		for line := range strings.SplitSeq(text, "\n") {
+			if strings.HasPrefix(line, "nftredir_") && !strings.Contains(line, "_bucket{") {
+				excerpt = append(excerpt, line)
+			}
+		}
+		t.Logf("curl http://%s:15014/metrics | grep ^nftredir_ | grep -v _bucket:\n%s", c.NodeIP, strings.Join(excerpt, "\n"))
+	})
+
+	t.Run("uninstall removes the plugin and the node table", func(t *testing.T) {
+		if !strings.Contains(nodeTables(t, c), "table inet nftredir-node") {
+			t.Fatalf("no inet nftredir-node in the node before uninstall (NFTREDIR_KUBELET_UID=0 should make it):\n%s", nodeTables(t, c))
+		}
+		c.Kubectl(t, "-n", dsNamespace, "patch", "configmap", "nftredir", "--type", "merge", "-p", `{"data":{"NFTREDIR_CLEANUP_ON_EXIT":"true"}}`)
+		c.Kubectl(t, "-n", dsNamespace, "rollout", "restart", "daemonset/nftredir")
+		c.Kubectl(t, "-n", dsNamespace, "rollout", "status", "daemonset/nftredir", "--timeout=120s")
+		restarted := waitDSPodReady(t, c, daemonPod.Name)
+		t.Logf("restarted as %s with cleanup on exit", restarted.Name)
+		// The restart's old pod exits without cleanup: still chained.
+		if types, _ := conflistTypes(t, c); !slices.Contains(types, "nftredir-cni") {
+			t.Fatalf("plugin gone after the restart alone: %v", types)
+		}
+		start := time.Now()
+		t.Logf("kubectl delete -k:\n%s", c.Kubectl(t, "delete", "-k", overlay, "--wait=true", "--timeout=120s"))
+		deadline := time.Now().Add(kcluster.DefaultTimeout)
+		for len(dsAllPods(t, c)) > 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("DaemonSet pods still there %s after delete", kcluster.DefaultTimeout)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		t.Logf("DaemonSet deleted, pods gone in %s", time.Since(start).Round(time.Millisecond))
+		types, _ := conflistTypes(t, c)
+		if slices.Contains(types, "nftredir-cni") {
+			t.Errorf("plugin still in %s after uninstall: %v", kcluster.ConflistName, types)
+		}
+		for _, d := range []string{c.CNIBinDir, h.cniBinLib} {
+			if _, err := os.Lstat(filepath.Join(d, "nftredir-cni")); err == nil {
+				t.Errorf("plugin binary still in %s", d)
+			}
+		}
+		tables := nodeTables(t, c)
+		if strings.Contains(tables, "nftredir-node") {
+			t.Errorf("node table left after uninstall:\n%s", tables)
+		}
+		t.Logf("after uninstall: %s plugins %v; nft list tables in the node:\n%s", kcluster.ConflistName, types, tables)
+	})
+	t.Logf("TestK8sDaemonSet took %s", time.Since(begin).Round(time.Millisecond))
+}
+
+// dsAllPods lists the DaemonSet's pods, terminating ones included.
+func dsAllPods(t *testing.T, c *kcluster.Cluster) []corev1.Pod {
+	t.Helper()
+	l, err := c.Client.CoreV1().Pods(dsNamespace).List(t.Context(), metav1.ListOptions{LabelSelector: dsSelector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.Items
+}

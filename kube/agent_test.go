@@ -1,0 +1,125 @@
+package kube
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/nftredir/nftredir/netns"
+	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+)
+
+// fakeEnroller keeps the server's side of the contract the agent relies
+// on: Enrol runs the policy's Admit and then reports to Added, for the
+// runtime's AddPods and the agent's own enrolments alike.
+type fakeEnroller struct {
+	a           *Agent
+	mu          sync.Mutex
+	recs        map[string]*nftredirv1.Pod
+	agentEnrols atomic.Int64
+}
+
+var fakeID = netns.ID{Dev: 4, Ino: 4026530000}
+
+func (e *fakeEnroller) Enrol(ctx context.Context, req *nftredirv1.AddPodRequest) (*nftredirv1.AddPodResponse, error) {
+	if fromAgent(ctx) {
+		e.agentEnrols.Add(1)
+	}
+	adm, err := e.a.Admit(ctx, req, fakeID)
+	if err != nil {
+		e.a.Added(req, false, err)
+		return nil, err
+	}
+	if adm.NotCaptured != "" {
+		e.a.Added(req, false, nil)
+		return &nftredirv1.AddPodResponse{NotCapturedReason: adm.NotCaptured}, nil
+	}
+	r := adm.Request
+	e.mu.Lock()
+	e.recs[r.GetPodUid()] = &nftredirv1.Pod{PodUid: r.GetPodUid(), PodName: r.GetPodName(), PodNamespace: r.GetPodNamespace(), NetnsPath: r.GetNetnsPath()}
+	e.mu.Unlock()
+	e.a.Added(req, true, nil)
+	return &nftredirv1.AddPodResponse{}, nil
+}
+
+func (e *fakeEnroller) Release(_ context.Context, uid string) (bool, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, ok := e.recs[uid]
+	delete(e.recs, uid)
+	return ok, nil
+}
+
+func (e *fakeEnroller) Enrolled(uid string) (*nftredirv1.Pod, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.recs[uid], nil
+}
+
+func (e *fakeEnroller) EnrolledUIDs() ([]string, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var uids []string
+	for u := range e.recs {
+		uids = append(uids, u)
+	}
+	return uids, nil
+}
+
+// TestAgentOwnEnrolmentDoesNotRequeue: once a captured pod is in line,
+// the agent leaves it alone. Its own re-enrolment in sync reports to
+// Added like any other; queueing the pod from there made every sync start
+// the next, an endless loop of table applies (about 900 a second per pod
+// on a test node).
+func TestAgentOwnEnrolmentDoesNotRequeue(t *testing.T) {
+	cs := fake.NewClientset(
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "mesh", Labels: map[string]string{DefaultModeLabel: DefaultModeEnabled}}},
+		&corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "mesh", UID: "uid-web"},
+			Spec:       corev1.PodSpec{NodeName: "node-1"},
+			Status:     corev1.PodStatus{Phase: corev1.PodRunning},
+		},
+	)
+	a, err := New(Config{Client: cs, NodeName: "node-1", Dir: t.TempDir(), Sweep: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &fakeEnroller{a: a, recs: map[string]*nftredirv1.Pod{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := a.Start(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	// The runtime's AddPod (CNI ADD).
+	req := &nftredirv1.AddPodRequest{PodUid: "uid-web", PodName: "web", PodNamespace: "mesh", NetnsPath: "/run/netns/web"}
+	if resp, err := e.Enrol(ctx, req); err != nil || resp.GetNotCapturedReason() != "" {
+		t.Fatalf("Enrol: %v %v", resp, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		p, err := cs.CoreV1().Pods("mesh").Get(ctx, "web", metav1.GetOptions{})
+		if err == nil && p.Annotations[RedirectionAnnotation] == "enabled" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pod never annotated (err %v)", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The annotation's own update event may bring one more sync; after
+	// that the pod is in line and nothing should enrol it again.
+	time.Sleep(300 * time.Millisecond)
+	before := e.agentEnrols.Load()
+	time.Sleep(time.Second)
+	after := e.agentEnrols.Load()
+	t.Logf("agent enrolments: %d after the annotation, %d a second later", before, after)
+	if after != before || after > 3 {
+		t.Errorf("the agent re-enrolled an unchanged pod %d times in a second (%d in all); want none", after-before, after)
+	}
+}
