@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -91,6 +93,10 @@ type Agent struct {
 	// Added must not queue them again, or every sync of a captured pod
 	// would queue the next, re-applying its table without end.
 	own sync.Map
+	// applied holds, per captured pod, the option annotations the agent
+	// last enrolled it with: a sync that finds them unchanged leaves the
+	// pod alone (the server's reconcile keeps the kernel true to it).
+	applied sync.Map
 }
 
 var _ server.Policy = (*Agent)(nil)
@@ -379,6 +385,7 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 				}
 				log.Info("pod released: it is gone from the Kubernetes API", "namespace", ns, "name", name)
 			}
+			a.applied.Delete(uid)
 			return a.seen.forget(uid)
 		}
 	}
@@ -399,6 +406,10 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 		if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 			return nil
 		}
+		fp := optionAnnotations(pod.Annotations)
+		if last, ok := a.applied.Load(uid); ok && rec != nil && last == fp {
+			return a.annotate(ctx, pod, true)
+		}
 		a.own.Store(uid, struct{}{})
 		resp, err := a.enr.Enrol(withAgent(ctx), seen.request())
 		a.own.Delete(uid)
@@ -410,13 +421,17 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 			}
 			return err
 		}
-		if rec == nil && resp.GetNotCapturedReason() == "" {
-			log.Info("running pod enrolled: it matches the policy")
+		if resp.GetNotCapturedReason() == "" {
+			a.applied.Store(uid, fp)
+			if rec == nil {
+				log.Info("running pod enrolled: it matches the policy")
+			}
 		}
 		return a.annotate(ctx, pod, resp.GetNotCapturedReason() == "")
 	case want:
 		return a.annotate(ctx, pod, true)
 	case rec != nil:
+		a.applied.Delete(uid)
 		if _, err := a.enr.Release(ctx, uid); err != nil {
 			return err
 		}
@@ -425,6 +440,18 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 	default:
 		return a.annotate(ctx, pod, false)
 	}
+}
+
+// optionAnnotations is the pod's nftredir.io/ annotations as one
+// comparable string.
+func optionAnnotations(annotations map[string]string) string {
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(annotations)) {
+		if strings.HasPrefix(k, annotationPrefix) {
+			fmt.Fprintf(&b, "%q=%q;", k, annotations[k])
+		}
+	}
+	return b.String()
 }
 
 func (s *sighting) request() *nftredirv1.AddPodRequest {
@@ -617,6 +644,7 @@ func (a *Agent) Added(req *nftredirv1.AddPodRequest, captured bool, err error) {
 // Removed forgets the pod's namespace: its sandbox is going away
 // (server.Policy).
 func (a *Agent) Removed(uid string) {
+	a.applied.Delete(uid)
 	if err := a.seen.forget(uid); err != nil {
 		a.log.Warn("cannot forget the pod's namespace", "pod", uid, "error", err)
 	}

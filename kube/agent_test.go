@@ -123,3 +123,60 @@ func TestAgentOwnEnrolmentDoesNotRequeue(t *testing.T) {
 		t.Errorf("the agent re-enrolled an unchanged pod %d times in a second (%d in all); want none", after-before, after)
 	}
 }
+
+// TestAgentReenrolsOnlyWhenOptionsChange: a sync of a captured pod whose
+// option annotations are as last applied (a sweep, a status update) does
+// not touch the kernel; a changed annotation is applied.
+func TestAgentReenrolsOnlyWhenOptionsChange(t *testing.T) {
+	cs := fake.NewClientset(
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "mesh", Labels: map[string]string{DefaultModeLabel: DefaultModeEnabled}}},
+		&corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "mesh", UID: "uid-web"},
+			Spec:       corev1.PodSpec{NodeName: "node-1"},
+			Status:     corev1.PodStatus{Phase: corev1.PodRunning},
+		},
+	)
+	a, err := New(Config{Client: cs, NodeName: "node-1", Dir: t.TempDir(), Sweep: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &fakeEnroller{a: a, recs: map[string]*nftredirv1.Pod{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := a.Start(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Enrol(ctx, &nftredirv1.AddPodRequest{PodUid: "uid-web", PodName: "web", PodNamespace: "mesh", NetnsPath: "/run/netns/web"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	annotated := func() bool {
+		p, err := cs.CoreV1().Pods("mesh").Get(ctx, "web", metav1.GetOptions{})
+		return err == nil && p.Annotations[RedirectionAnnotation] == "enabled"
+	}
+	waitFor("the annotation", annotated)
+	time.Sleep(300 * time.Millisecond)
+	before := e.agentEnrols.Load()
+	for range 5 {
+		a.queue.Add("uid-web") // what the sweep does
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if n := e.agentEnrols.Load() - before; n != 0 {
+		t.Errorf("unchanged pod re-enrolled %d times by syncs", n)
+	}
+	patch := []byte(`{"metadata":{"annotations":{"nftredir.io/capture-mode":"redirect"}}}`)
+	if _, err := cs.CoreV1().Pods("mesh").Patch(ctx, "web", "application/merge-patch+json", patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("a re-enrolment after the annotation changed", func() bool { return e.agentEnrols.Load() > before })
+}
