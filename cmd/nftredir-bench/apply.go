@@ -245,8 +245,15 @@ func (b *bench) addPodSample(ctx context.Context, d *daemon, conc, rep int) (add
 		if err != nil {
 			return nil, err
 		}
-		// The log is written before the reply is sent, so it is complete.
-		s.inDaemon, err = d.callTimes(mark, d.logSize(), rpcName(method))
+		// The daemon logs a call before replying, but through a queue that
+		// one goroutine drains: the last lines may land a moment after
+		// the replies.
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			s.inDaemon, err = d.callTimes(mark, d.logSize(), rpcName(method))
+			if err != nil || len(s.inDaemon) >= n || time.Now().After(deadline) {
+				break
+			}
+		}
 		if err == nil && len(s.inDaemon) != n {
 			err = fmt.Errorf("the daemon's log shows %d %s calls, want %d", len(s.inDaemon), rpcName(method), n)
 		}
