@@ -68,7 +68,7 @@ show in_pod "$BIN/standin" dial 10.77.0.1:9090
 
 step "4. Start nftredird (logs in $WORK/nftredird.log)"
 "$BIN/nftredird" --socket "$SOCK" --state-dir "$WORK/state" --log-format text \
-	--probe-snat=false --zds-socket "$WORK/ztunnel/ztunnel.sock" >"$WORK/nftredird.log" 2>&1 &
+	--probe-snat=false --metrics-address 127.0.0.1:0 --zds-socket "$WORK/ztunnel/ztunnel.sock" >"$WORK/nftredird.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 50); do ctl health >/dev/null 2>&1 && break; sleep 0.1; done
 show ctl health
