@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -73,7 +72,8 @@ func binaries(t testing.TB) Binaries {
 	buildOnce.Do(func() {
 		goBin, err := exec.LookPath("go")
 		if err != nil {
-			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+			buildErr = fmt.Errorf("no go command on PATH to build the binaries: %w", err)
+			return
 		}
 		// As make build does: static, and stamped for --version.
 		ldflags, err := exec.Command(filepath.Join(repo, "hack", "version-ldflags.sh")).Output()

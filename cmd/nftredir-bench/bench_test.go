@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -123,10 +122,10 @@ func wellFormed(b []byte) error {
 	}
 }
 
-// goTool is the go command that runs this test, so the daemon is built
-// with the same toolchain.
+// goTool is the go command on PATH: the one that runs this test under
+// make, so the daemon is built with the same toolchain.
 func goTool() string {
-	if p := filepath.Join(runtime.GOROOT(), "bin", "go"); fileExists(p) {
+	if p, err := exec.LookPath("go"); err == nil {
 		return p
 	}
 	return "go"
