@@ -131,11 +131,6 @@ func goTool() string {
 	return "go"
 }
 
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
-}
-
 func TestQuantileIsNearestRank(t *testing.T) {
 	var ds []time.Duration
 	for i := 1; i <= 200; i++ {
