@@ -8,7 +8,7 @@ export PATH := $(BIN):$(PATH)
 
 PKGS := ./...
 
-.PHONY: all build image test unit lint lint-go demo bench deps deps-k8s e2e-k8s clean fuzz
+.PHONY: all build image test unit lint lint-go staticcheck demo bench deps deps-k8s e2e-k8s clean fuzz
 
 all: build
 
@@ -41,9 +41,16 @@ image:
 	$(GO) build -o $(BIN)/ ./tools/mkimage
 	MKIMAGE=$(BIN)/mkimage hack/image.sh $(BIN)/image $(BIN)/nftredir-image.tar $(IMAGE)
 
-# lint checks Go and the API's protobuf (buf is built into ./bin on first
-# use); make test runs the Go half only, to keep CI from compiling buf.
-lint: lint-go buf-lint
+# lint checks Go (gofmt, vet, staticcheck at a pinned version) and the
+# API's protobuf (buf and staticcheck are built into ./bin on first use);
+# make test runs gofmt and vet only, to keep CI from compiling both.
+lint: lint-go staticcheck buf-lint
+
+STATICCHECK_VERSION ?= v0.8.2
+staticcheck:
+	@[ -x $(BIN)/staticcheck ] && [ -e $(BIN)/.staticcheck-$(STATICCHECK_VERSION) ] || \
+		{ GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) && touch $(BIN)/.staticcheck-$(STATICCHECK_VERSION); }
+	$(BIN)/staticcheck ./...
 
 lint-go:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
