@@ -72,12 +72,10 @@ func (e *fakeEnroller) EnrolledUIDs() ([]string, error) {
 	return uids, nil
 }
 
-// TestAgentOwnEnrolmentDoesNotRequeue: once a captured pod is in line,
-// the agent leaves it alone. Its own re-enrolment in sync reports to
-// Added like any other; queueing the pod from there made every sync start
-// the next, an endless loop of table applies (about 900 a second per pod
-// on a test node).
-func TestAgentOwnEnrolmentDoesNotRequeue(t *testing.T) {
+// startMeshAgent runs an agent on node-1 whose API has namespace mesh,
+// opted in, and its running pod web.
+func startMeshAgent(t *testing.T) (*fake.Clientset, *Agent, *fakeEnroller, context.Context) {
+	t.Helper()
 	cs := fake.NewClientset(
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "mesh", Labels: map[string]string{DefaultModeLabel: DefaultModeEnabled}}},
 		&corev1.Pod{
@@ -92,26 +90,46 @@ func TestAgentOwnEnrolmentDoesNotRequeue(t *testing.T) {
 	}
 	e := &fakeEnroller{a: a, recs: map[string]*nftredirv1.Pod{}}
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	t.Cleanup(cancel)
 	if err := a.Start(ctx, e); err != nil {
 		t.Fatal(err)
 	}
-	// The runtime's AddPod (CNI ADD).
+	return cs, a, e, ctx
+}
+
+// enrolByCNI is the runtime's AddPod (CNI ADD) of mesh/web; it returns
+// once the agent has annotated the pod.
+func enrolByCNI(ctx context.Context, t *testing.T, cs *fake.Clientset, e *fakeEnroller) {
+	t.Helper()
 	req := &nftredirv1.AddPodRequest{PodUid: "uid-web", PodName: "web", PodNamespace: "mesh", NetnsPath: "/run/netns/web"}
 	if resp, err := e.Enrol(ctx, req); err != nil || resp.GetNotCapturedReason() != "" {
 		t.Fatalf("Enrol: %v %v", resp, err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waitFor(t, "the annotation", func() bool {
 		p, err := cs.CoreV1().Pods("mesh").Get(ctx, "web", metav1.GetOptions{})
-		if err == nil && p.Annotations[RedirectionAnnotation] == "enabled" {
-			break
-		}
+		return err == nil && p.Annotations[RedirectionAnnotation] == "enabled"
+	})
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("pod never annotated (err %v)", err)
+			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// TestAgentOwnEnrolmentDoesNotRequeue: once a captured pod is in line,
+// the agent leaves it alone. Its own re-enrolment in sync reports to
+// Added like any other; queueing the pod from there made every sync start
+// the next, an endless loop of table applies (about 900 a second per pod
+// on a test node).
+func TestAgentOwnEnrolmentDoesNotRequeue(t *testing.T) {
+	cs, _, e, ctx := startMeshAgent(t)
+	enrolByCNI(ctx, t, cs, e)
 	// The annotation's own update event may bring one more sync; after
 	// that the pod is in line and nothing should enrol it again.
 	time.Sleep(300 * time.Millisecond)
@@ -128,42 +146,8 @@ func TestAgentOwnEnrolmentDoesNotRequeue(t *testing.T) {
 // option annotations are as last applied (a sweep, a status update) does
 // not touch the kernel; a changed annotation is applied.
 func TestAgentReenrolsOnlyWhenOptionsChange(t *testing.T) {
-	cs := fake.NewClientset(
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "mesh", Labels: map[string]string{DefaultModeLabel: DefaultModeEnabled}}},
-		&corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "mesh", UID: "uid-web"},
-			Spec:       corev1.PodSpec{NodeName: "node-1"},
-			Status:     corev1.PodStatus{Phase: corev1.PodRunning},
-		},
-	)
-	a, err := New(Config{Client: cs, NodeName: "node-1", Dir: t.TempDir(), Sweep: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &fakeEnroller{a: a, recs: map[string]*nftredirv1.Pod{}}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if err := a.Start(ctx, e); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.Enrol(ctx, &nftredirv1.AddPodRequest{PodUid: "uid-web", PodName: "web", PodNamespace: "mesh", NetnsPath: "/run/netns/web"}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	annotated := func() bool {
-		p, err := cs.CoreV1().Pods("mesh").Get(ctx, "web", metav1.GetOptions{})
-		return err == nil && p.Annotations[RedirectionAnnotation] == "enabled"
-	}
-	waitFor("the annotation", annotated)
+	cs, a, e, ctx := startMeshAgent(t)
+	enrolByCNI(ctx, t, cs, e)
 	time.Sleep(300 * time.Millisecond)
 	before := e.agentEnrols.Load()
 	for range 5 {
@@ -178,5 +162,5 @@ func TestAgentReenrolsOnlyWhenOptionsChange(t *testing.T) {
 	if _, err := cs.CoreV1().Pods("mesh").Patch(ctx, "web", "application/merge-patch+json", patch, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor("a re-enrolment after the annotation changed", func() bool { return e.agentEnrols.Load() > before })
+	waitFor(t, "a re-enrolment after the annotation changed", func() bool { return e.agentEnrols.Load() > before })
 }
