@@ -235,41 +235,24 @@ func waitCRINetwork(t *testing.T, c *kcluster.Cluster, want bool) {
 }
 
 func criHasPlugin(ctx context.Context, rs runtimeapi.RuntimeServiceClient) (bool, error) {
-	st, err := rs.Status(ctx, &runtimeapi.StatusRequest{Verbose: true})
+	src, err := kcluster.LoadedConflist(ctx, rs)
 	if err != nil {
 		return false, err
 	}
-	var info struct {
-		Networks []struct {
-			Config struct {
-				Name   string
-				Source string
-			}
+	var l struct {
+		Plugins []struct {
+			Type string `json:"type"`
+		} `json:"plugins"`
+	}
+	if err := json.Unmarshal([]byte(src), &l); err != nil {
+		return false, err
+	}
+	for _, p := range l.Plugins {
+		if p.Type == "nftredir-cni" {
+			return true, nil
 		}
 	}
-	if err := json.Unmarshal([]byte(st.GetInfo()["cniconfig"]), &info); err != nil {
-		return false, fmt.Errorf("CRI status cniconfig: %w", err)
-	}
-	for _, n := range info.Networks {
-		if n.Config.Name != "kcluster" {
-			continue
-		}
-		var l struct {
-			Plugins []struct {
-				Type string `json:"type"`
-			} `json:"plugins"`
-		}
-		if err := json.Unmarshal([]byte(n.Config.Source), &l); err != nil {
-			return false, err
-		}
-		for _, p := range l.Plugins {
-			if p.Type == "nftredir-cni" {
-				return true, nil
-			}
-		}
-		return false, nil
-	}
-	return false, fmt.Errorf("containerd has no network kcluster loaded")
+	return false, nil
 }
 
 // rewriteConflist replaces the primary network with bridge alone, as a

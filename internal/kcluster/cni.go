@@ -93,28 +93,41 @@ func (c *Cluster) waitConflistLoaded(ctx context.Context) error {
 	defer cancel()
 	want := c.conflist
 	return c.waitUntil(ctx, "containerd to load "+ConflistName, func(ctx context.Context) (bool, error) {
-		st, err := rs.Status(ctx, &runtimeapi.StatusRequest{Verbose: true})
+		src, err := LoadedConflist(ctx, rs)
 		if err != nil {
 			return false, err
 		}
-		var info struct {
-			Networks []struct {
-				Config struct {
-					Name   string
-					Source string
-				}
-			}
+		if src != string(want) {
+			return false, fmt.Errorf("containerd has not loaded %s yet", ConflistName)
 		}
-		if err := json.Unmarshal([]byte(st.GetInfo()["cniconfig"]), &info); err != nil {
-			return false, fmt.Errorf("CRI status cniconfig: %w", err)
-		}
-		for _, n := range info.Networks {
-			if n.Config.Name == "kcluster" && n.Config.Source == string(want) {
-				return true, nil
-			}
-		}
-		return false, fmt.Errorf("containerd has not loaded %s yet", ConflistName)
+		return true, nil
 	})
+}
+
+// LoadedConflist returns the cluster network's configuration as containerd
+// has loaded it (its CRI status), which may trail the file on disk.
+func LoadedConflist(ctx context.Context, rs runtimeapi.RuntimeServiceClient) (string, error) {
+	st, err := rs.Status(ctx, &runtimeapi.StatusRequest{Verbose: true})
+	if err != nil {
+		return "", err
+	}
+	var info struct {
+		Networks []struct {
+			Config struct {
+				Name   string
+				Source string
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(st.GetInfo()["cniconfig"]), &info); err != nil {
+		return "", fmt.Errorf("CRI status cniconfig: %w", err)
+	}
+	for _, n := range info.Networks {
+		if n.Config.Name == "kcluster" {
+			return n.Config.Source, nil
+		}
+	}
+	return "", fmt.Errorf("containerd has no network kcluster loaded")
 }
 
 // waitContainerd waits until containerd's CRI answers.

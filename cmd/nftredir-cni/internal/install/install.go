@@ -247,23 +247,36 @@ func sameFile(src, dst string) (bool, error) {
 	}
 }
 
+// primaryConf reads the network the plugin is chained into (name, or the
+// first file as libcni picks it) and refuses one whose cniVersion the
+// plugin does not speak; with no supported list any version passes.
+func primaryConf(dir, name string, supported []string) (string, *netConf, string, error) {
+	path, err := primaryFile(dir, name)
+	if err != nil {
+		return "", nil, "", err
+	}
+	c, err := readConf(path)
+	if err != nil {
+		return "", nil, "", err
+	}
+	v, err := c.version()
+	if err != nil {
+		return "", nil, "", err
+	}
+	if len(supported) > 0 {
+		if err := checkVersion(path, v, supported); err != nil {
+			return "", nil, "", err
+		}
+	}
+	return path, c, v, nil
+}
+
 func (in *Installer) syncConf() error {
 	if err := os.MkdirAll(in.cfg.ConfDir, 0o755); err != nil {
 		return err
 	}
-	path, err := primaryFile(in.cfg.ConfDir, in.cfg.ConfName)
+	path, c, v, err := primaryConf(in.cfg.ConfDir, in.cfg.ConfName, in.cfg.Supported)
 	if err != nil {
-		return err
-	}
-	c, err := readConf(path)
-	if err != nil {
-		return err
-	}
-	v, err := c.version()
-	if err != nil {
-		return err
-	}
-	if err := checkVersion(path, v, in.cfg.Supported); err != nil {
 		return err
 	}
 	if !c.single && len(c.plugins) == 0 {
@@ -365,22 +378,9 @@ func Check(cfg Config) error {
 			return fmt.Errorf("plugin binary %s is not an executable file", filepath.Join(d, PluginType))
 		}
 	}
-	path, err := primaryFile(cfg.ConfDir, cfg.ConfName)
+	path, c, _, err := primaryConf(cfg.ConfDir, cfg.ConfName, cfg.Supported)
 	if err != nil {
 		return err
-	}
-	c, err := readConf(path)
-	if err != nil {
-		return err
-	}
-	v, err := c.version()
-	if err != nil {
-		return err
-	}
-	if len(cfg.Supported) > 0 {
-		if err := checkVersion(path, v, cfg.Supported); err != nil {
-			return err
-		}
 	}
 	if len(cfg.Entry) > 0 {
 		var buf bytes.Buffer
