@@ -38,8 +38,8 @@ type Admission struct {
 	// pod that is enrolled is released.
 	NotCaptured string
 	// Request is what to enrol when NotCaptured is empty: the caller's
-	// request with the fields the policy fills in. Its pod_uid must be
-	// the caller's.
+	// request with the fields the policy fills in. Its pod_uid and
+	// netns_path must be the caller's.
 	Request *nftredirv1.AddPodRequest
 }
 
@@ -57,8 +57,18 @@ func (s *Server) Enrol(ctx context.Context, req *nftredirv1.AddPodRequest) (*nft
 		return nil, toStatus(err)
 	}
 	defer unlock()
+	// Opened once for the whole call: the policy learns which namespace
+	// the path names, and the kernel work goes to that one.
+	h, err := s.open(a.netnsPath)
+	if err != nil {
+		if s.policy != nil {
+			s.policy.Added(req, false, err)
+		}
+		return nil, toStatus(err)
+	}
+	defer h.Close()
 	if s.policy != nil {
-		adm, err := s.admit(ctx, req)
+		adm, err := s.policy.Admit(ctx, req, h.ID())
 		if err != nil {
 			s.policy.Added(req, false, err)
 			return nil, toStatus(err)
@@ -76,7 +86,7 @@ func (s *Server) Enrol(ctx context.Context, req *nftredirv1.AddPodRequest) (*nft
 			return nil, err
 		}
 	}
-	rec, prev, err := s.addPodAndProbe(ctx, log, a)
+	rec, prev, err := s.addPodAndProbe(ctx, log, a, h)
 	if err == nil {
 		// Still under the pod's lock, so the proxy hears of this add
 		// before any later remove of the same pod.
@@ -92,24 +102,13 @@ func (s *Server) Enrol(ctx context.Context, req *nftredirv1.AddPodRequest) (*nft
 	return &nftredirv1.AddPodResponse{Pod: s.withZDSState(rec.toProto())}, nil
 }
 
-// admit opens the request's path, so that the policy is asked only about
-// a real pod namespace and learns which one it is.
-func (s *Server) admit(ctx context.Context, req *nftredirv1.AddPodRequest) (Admission, error) {
-	h, err := s.open(req.GetNetnsPath())
-	if err != nil {
-		return Admission{}, err
-	}
-	id := h.ID()
-	h.Close()
-	return s.policy.Admit(ctx, req, id)
-}
-
 // validateAdmitted validates what the policy made of the request exactly
 // as a caller's request, saying where a defect came from: fields the
 // caller did not send (options from pod annotations) are the policy's.
 func (s *Server) validateAdmitted(orig, req *nftredirv1.AddPodRequest) (*addPod, error) {
-	if req == nil || req.GetPodUid() != orig.GetPodUid() {
-		return nil, status.Errorf(codes.Internal, "enrolment policy answered for pod %q instead of %q", req.GetPodUid(), orig.GetPodUid())
+	if req == nil || req.GetPodUid() != orig.GetPodUid() || req.GetNetnsPath() != orig.GetNetnsPath() {
+		return nil, status.Errorf(codes.Internal, "enrolment policy answered for pod %q at %q instead of %q at %q",
+			req.GetPodUid(), req.GetNetnsPath(), orig.GetPodUid(), orig.GetNetnsPath())
 	}
 	a, err := validateAdd(req, s.defaults)
 	if err != nil {

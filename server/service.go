@@ -39,9 +39,9 @@ func (s *Server) AddPod(ctx context.Context, req *nftredirv1.AddPodRequest) (*nf
 
 // addPodAndProbe is addPod followed by the node table update, both under
 // lockProbe.
-func (s *Server) addPodAndProbe(ctx context.Context, log hclog.Logger, a *addPod) (*Record, *Record, error) {
+func (s *Server) addPodAndProbe(ctx context.Context, log hclog.Logger, a *addPod, h *netns.Handle) (*Record, *Record, error) {
 	defer s.lockProbe()()
-	rec, prev, err := s.addPod(ctx, log, a)
+	rec, prev, err := s.addPod(ctx, log, a, h)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -55,12 +55,7 @@ func (s *Server) addPodAndProbe(ctx context.Context, log hclog.Logger, a *addPod
 // or a record that reconcile completes, and an error reply means nothing
 // changed. It returns the new record and the previous one (nil for a new
 // pod).
-func (s *Server) addPod(ctx context.Context, log hclog.Logger, a *addPod) (*Record, *Record, error) {
-	h, err := s.open(a.netnsPath)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer h.Close()
+func (s *Server) addPod(ctx context.Context, log hclog.Logger, a *addPod, h *netns.Handle) (*Record, *Record, error) {
 	rs, err := nft.Build(a.spec)
 	if err != nil {
 		return nil, nil, invalidArgument("options: %v", err)
