@@ -1,9 +1,6 @@
 package nft
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -75,15 +72,11 @@ func Build(s Spec) (*Ruleset, error) {
 // number to remember to bump. The pod id is part of it, so one pod's table
 // never verifies as another's.
 func (rs *Ruleset) encode() error {
-	h := sha256.New()
-	field := func(b []byte) {
-		h.Write(binary.BigEndian.AppendUint32(nil, uint32(len(b))))
-		h.Write(b)
-	}
-	field([]byte(rs.Spec.PodID))
+	d := nftlive.NewDigest()
+	d.Field([]byte(rs.Spec.PodID))
 	for ci := range rs.Chains {
 		ch := &rs.Chains[ci]
-		field(fmt.Appendf(nil, "chain %s %s %d %d", ch.Name, ch.Type, *ch.Hook, ch.Priority))
+		d.Field(fmt.Appendf(nil, "chain %s %s %d %d", ch.Name, ch.Type, *ch.Hook, ch.Priority))
 		for ri := range ch.Rules {
 			r := &ch.Rules[ri]
 			wire, err := nftlive.Encode(nftables.TableFamilyINet, r.Exprs)
@@ -91,14 +84,10 @@ func (rs *Ruleset) encode() error {
 				return fmt.Errorf("chain %s rule %d: %w", ch.Name, ri+1, err)
 			}
 			r.wire, r.canon = wire, nftlive.CanonicalAll(wire)
-			field([]byte("rule"))
-			for _, e := range wire {
-				field([]byte(e.Name))
-				field(e.Data)
-			}
+			d.Rule(wire)
 		}
 	}
-	rs.Digest = hex.EncodeToString(h.Sum(nil)[:8])
+	rs.Digest = d.String()
 	return nil
 }
 

@@ -11,9 +11,6 @@
 package probe
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -148,16 +145,12 @@ func Build(s Spec) (*Ruleset, error) {
 // what the kernel is sent: set names and types, the chain, every rule's
 // encoded expressions. No version number to remember to bump.
 func (rs *Ruleset) encode() error {
-	h := sha256.New()
-	field := func(b []byte) {
-		h.Write(binary.BigEndian.AppendUint32(nil, uint32(len(b))))
-		h.Write(b)
-	}
+	d := nftlive.NewDigest()
 	for _, st := range rs.Sets {
-		field(fmt.Appendf(nil, "set %s %s", st.Name, st.Type.Name))
+		d.Field(fmt.Appendf(nil, "set %s %s", st.Name, st.Type.Name))
 	}
 	c := &rs.Chain
-	field(fmt.Appendf(nil, "chain %s %s %d %d", c.Name, c.Type, *c.Hook, c.Priority))
+	d.Field(fmt.Appendf(nil, "chain %s %s %d %d", c.Name, c.Type, *c.Hook, c.Priority))
 	for i := range c.Rules {
 		r := &c.Rules[i]
 		wire, err := nftlive.Encode(nftables.TableFamilyINet, r.Exprs)
@@ -165,13 +158,9 @@ func (rs *Ruleset) encode() error {
 			return fmt.Errorf("encode probe rule %d: %w", i+1, err)
 		}
 		r.canon = nftlive.CanonicalAll(wire)
-		field([]byte("rule"))
-		for _, e := range wire {
-			field([]byte(e.Name))
-			field(e.Data)
-		}
+		d.Rule(wire)
 	}
-	rs.Digest = hex.EncodeToString(h.Sum(nil)[:8])
+	rs.Digest = d.String()
 	return nil
 }
 
