@@ -1,0 +1,73 @@
+// Package capture puts a pod's capture into its network namespace and
+// takes it out again: policy routing and the nftables table, always in the
+// same order. The lifecycle engine and the ZDS server reach namespaces
+// only through an Engine, so their logic runs the same on the kernel and
+// on the in-memory Fake, which the contract suite holds to the kernel's
+// behaviour.
+package capture
+
+import (
+	"context"
+
+	"github.com/nftredir/nftredir/netns"
+	"github.com/nftredir/nftredir/nft"
+)
+
+// Namespace is an opened, vetted pod network namespace. Everything done
+// to it after Open goes through this value, so a path swapped after the
+// checks cannot redirect the work elsewhere.
+type Namespace interface {
+	// Path is what the namespace was opened from, for logs and records.
+	Path() string
+	// ID is the namespace's identity, read from the open file.
+	ID() netns.ID
+	// Fd is an open descriptor of the namespace, valid until Close; the
+	// ZDS server hands it to the node proxy.
+	Fd() int
+	// Close releases the namespace. Safe to call twice.
+	Close() error
+}
+
+// Live is what a namespace holds of a pod's capture right now.
+type Live struct {
+	// Table compares our table with the ruleset asked about.
+	Table nft.Status
+	// Text renders the live table in nft syntax.
+	Text string
+	// Routing says which of our rules and routes exist.
+	Routing netns.RoutingState
+}
+
+// InSync reports whether the namespace holds exactly the capture asked
+// about.
+func (l Live) InSync() bool {
+	return l.Table == nft.StatusInSync && l.Routing.Complete()
+}
+
+// Engine opens pod namespaces and programs them.
+type Engine interface {
+	// Open opens and vets a namespace path. Its errors wrap the netns
+	// sentinels (netns.ErrNotExist, ErrNotNetns, ErrHostNetns, ...).
+	Open(path string) (Namespace, error)
+	// Apply installs the policy routing, then replaces our table with rs
+	// in one transaction. On error the table is as it was; routing may
+	// have been added (Remove takes it out).
+	Apply(ctx context.Context, ns Namespace, rs *nft.Ruleset, r netns.Routing) error
+	// Reroute replaces the routing old with r, for a pod whose daemon
+	// flags changed since it was enrolled; the table is left alone.
+	Reroute(ctx context.Context, ns Namespace, old, r netns.Routing) error
+	// Remove deletes our table, then the routing. It succeeds when either
+	// or both are already gone.
+	Remove(ctx context.Context, ns Namespace, r netns.Routing) error
+	// RemoveRouting deletes only the routing, for a namespace whose table
+	// is already gone or was never ours.
+	RemoveRouting(ctx context.Context, ns Namespace, r netns.Routing) error
+	// Inspect compares the namespace with rs and r.
+	Inspect(ctx context.Context, ns Namespace, rs *nft.Ruleset, r netns.Routing) (Live, error)
+	// Owner returns the pod id our table in ns carries ("" when it cannot
+	// be attributed to exactly one pod) and whether the table exists.
+	Owner(ctx context.Context, ns Namespace) (pod string, exists bool, err error)
+	// Candidates lists paths where pod namespaces may be found, for the
+	// last-resort search of a record too damaged to name its own.
+	Candidates() []string
+}

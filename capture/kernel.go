@@ -1,0 +1,145 @@
+package capture
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/nftredir/nftredir/netns"
+	"github.com/nftredir/nftredir/nft"
+)
+
+// Kernel is the Engine of the real node: namespaces opened through a
+// netns.Guard, tables programmed by an nft.Applier over netlink.
+type Kernel struct {
+	guard   *netns.Guard
+	applier nft.Applier
+	// netnsDirs hold bind-mounted namespaces; Candidates lists them and
+	// every process's namespace.
+	netnsDirs []string
+}
+
+var _ Engine = (*Kernel)(nil)
+
+// NewKernel returns the kernel engine. guard and applier are required.
+func NewKernel(guard *netns.Guard, applier nft.Applier) *Kernel {
+	// iproute2's directory and most CNI runtimes'.
+	return &Kernel{guard: guard, applier: applier, netnsDirs: []string{"/run/netns", "/var/run/netns"}}
+}
+
+// Open opens path through the guard.
+func (k *Kernel) Open(path string) (Namespace, error) {
+	h, err := k.guard.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// handle gets the real namespace back: a Namespace from another engine
+// is a programming error, reported rather than panicking a request.
+func handle(ns Namespace) (*netns.Handle, error) {
+	h, ok := ns.(*netns.Handle)
+	if !ok || h == nil {
+		return nil, fmt.Errorf("capture: namespace %T was not opened by the kernel engine", ns)
+	}
+	return h, nil
+}
+
+// Apply installs the routing first, so the table's marks never point at
+// a routing table that is not there yet.
+func (k *Kernel) Apply(ctx context.Context, ns Namespace, rs *nft.Ruleset, r netns.Routing) error {
+	h, err := handle(ns)
+	if err != nil {
+		return err
+	}
+	if err := netns.EnsureRouting(h, r); err != nil {
+		return fmt.Errorf("install policy routing: %w", err)
+	}
+	return k.applier.Apply(ctx, h, rs)
+}
+
+// Reroute removes the old routing before installing the new one: the two
+// may share a table or priority, and the kernel would keep only one.
+func (k *Kernel) Reroute(_ context.Context, ns Namespace, old, r netns.Routing) error {
+	h, err := handle(ns)
+	if err != nil {
+		return err
+	}
+	if err := netns.RemoveRouting(h, old); err != nil {
+		return fmt.Errorf("remove previous policy routing: %w", err)
+	}
+	if err := netns.EnsureRouting(h, r); err != nil {
+		return fmt.Errorf("install policy routing: %w", err)
+	}
+	return nil
+}
+
+// Remove takes the table out before the routing, the reverse of Apply.
+func (k *Kernel) Remove(ctx context.Context, ns Namespace, r netns.Routing) error {
+	h, err := handle(ns)
+	if err != nil {
+		return err
+	}
+	if err := k.applier.Remove(ctx, h); err != nil {
+		return err
+	}
+	return k.RemoveRouting(ctx, ns, r)
+}
+
+// RemoveRouting deletes the rules and routes of r.
+func (k *Kernel) RemoveRouting(_ context.Context, ns Namespace, r netns.Routing) error {
+	h, err := handle(ns)
+	if err != nil {
+		return err
+	}
+	if err := netns.RemoveRouting(h, r); err != nil {
+		return fmt.Errorf("remove policy routing: %w", err)
+	}
+	return nil
+}
+
+// Inspect reads the table and the routing.
+func (k *Kernel) Inspect(ctx context.Context, ns Namespace, rs *nft.Ruleset, r netns.Routing) (Live, error) {
+	h, err := handle(ns)
+	if err != nil {
+		return Live{}, err
+	}
+	st, text, err := k.applier.Verify(ctx, h, rs)
+	if err != nil {
+		return Live{}, fmt.Errorf("verify table: %w", err)
+	}
+	rt, err := netns.InspectRouting(h, r)
+	if err != nil {
+		return Live{}, fmt.Errorf("inspect policy routing: %w", err)
+	}
+	return Live{Table: st, Text: text, Routing: rt}, nil
+}
+
+// Owner asks the applier whose table ns holds.
+func (k *Kernel) Owner(ctx context.Context, ns Namespace) (string, bool, error) {
+	h, err := handle(ns)
+	if err != nil {
+		return "", false, err
+	}
+	return k.applier.Owner(ctx, h)
+}
+
+// Candidates lists the bind-mounted namespaces, then every process's.
+func (k *Kernel) Candidates() []string {
+	var paths []string
+	for _, d := range k.netnsDirs {
+		entries, _ := os.ReadDir(d)
+		for _, e := range entries {
+			paths = append(paths, filepath.Join(d, e.Name()))
+		}
+	}
+	procs, _ := os.ReadDir("/proc")
+	for _, e := range procs {
+		if n := e.Name(); n[0] >= '0' && n[0] <= '9' {
+			paths = append(paths, filepath.Join("/proc", n, "ns", "net"))
+		}
+	}
+	return paths
+}
