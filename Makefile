@@ -74,7 +74,7 @@ CI_FUZZTIME ?= 5s
 FUZZFLAGS ?=
 FUZZ_TARGETS := \
 	./server:FuzzValidateAdd \
-	./server:FuzzRecordDecode \
+	./state:FuzzRecordDecode \
 	./cmd/nftredir-cni/internal/plugin:FuzzParseConf \
 	./cmd/nftredir-cni/internal/plugin:FuzzParseIdentity \
 	./zds:FuzzWire \

@@ -18,6 +18,7 @@ import (
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+	"github.com/nftredir/nftredir/state"
 )
 
 // Config is everything New needs. Zero values take the documented
@@ -82,7 +83,7 @@ type Server struct {
 
 	guard    *netns.Guard
 	applier  nft.Applier
-	store    *Store
+	store    *state.Store
 	routing  netns.Routing
 	defaults nft.Spec
 	log      hclog.Logger
@@ -153,7 +154,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("server config: routing mark %#x/%#x differs from the tproxy mark %#x/%#x",
 			routing.Mark, routing.Mask, defaults.TProxyMark.Value, defaults.TProxyMark.Mask)
 	}
-	store, err := OpenStore(cfg.StateDir, log.Named("store"))
+	store, err := state.Open(cfg.StateDir, log.Named("store"))
 	if err != nil {
 		return nil, fmt.Errorf("server config: %w", err)
 	}

@@ -5,11 +5,12 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+	"github.com/nftredir/nftredir/state"
 )
 
 // toProto renders a record as the API's Pod, with every option explicit
 // (the effective options, daemon defaults filled in).
-func (r *Record) toProto() *nftredirv1.Pod {
+func podProto(r *state.Record) *nftredirv1.Pod {
 	s := r.Spec
 	mode := nftredirv1.CaptureMode_CAPTURE_MODE_TPROXY
 	if s.Mode == "REDIRECT" {

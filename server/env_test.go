@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nftredir/nftredir/internal/syncbuf"
+	"github.com/nftredir/nftredir/state"
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
@@ -237,7 +238,7 @@ func (ts *testServer) get(t *testing.T, uid string) *nftredirv1.GetPodResponse {
 	return resp
 }
 
-func (ts *testServer) records(t *testing.T) []*Record {
+func (ts *testServer) records(t *testing.T) []*state.Record {
 	t.Helper()
 	recs, err := ts.srv.store.List()
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/nftredir/nftredir/netns"
+	"github.com/nftredir/nftredir/state"
 )
 
 // This file is the only place where errors become gRPC codes. Everything
@@ -70,7 +71,7 @@ func toStatus(err error) error {
 		return status.Errorf(codes.Unavailable, "netns_path: %v; nothing was changed, retry once the mount answers", err)
 	case errors.Is(err, errNetnsInUse):
 		return status.Errorf(codes.FailedPrecondition, "%v", err)
-	case errors.As(err, new(*newerError)):
+	case errors.As(err, new(*state.NewerError)):
 		return status.Errorf(codes.FailedPrecondition, "%v", err)
 	case errors.Is(err, context.Canceled):
 		return status.Errorf(codes.Canceled, "%v", err)

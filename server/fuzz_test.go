@@ -1,21 +1,18 @@
 package server
 
 import (
-	"encoding/json"
-	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+	"github.com/nftredir/nftredir/state"
 )
 
 // FuzzValidateAdd feeds AddPodRequests, decoded from arbitrary bytes as
@@ -64,7 +61,7 @@ func FuzzValidateAdd(f *testing.F) {
 			}
 			return
 		}
-		if err := checkPodUID(a.uid); err != nil {
+		if err := state.CheckPodUID(a.uid); err != nil {
 			t.Fatalf("accepted pod_uid %q fails its own check: %v", a.uid, err)
 		}
 		if !filepath.IsAbs(a.netnsPath) || filepath.Clean(a.netnsPath) != a.netnsPath {
@@ -85,77 +82,6 @@ func FuzzValidateAdd(f *testing.F) {
 		b, err := validateAdd(req2, defaults)
 		if err != nil || !slices.Equal(b.podIPs, a.podIPs) {
 			t.Fatalf("normalised pod IPs %v: %v, %v", a.podIPs, err, b)
-		}
-	})
-}
-
-// FuzzRecordDecode writes arbitrary bytes as a pod's record file and
-// reads it back as the daemon does at start. A record is refused (and
-// would be quarantined) or is one the daemon can act on: its ruleset
-// builds, its namespace id and routing parse, and writing it out again
-// reads back as the same intent.
-func FuzzRecordDecode(f *testing.F) {
-	spec := nft.DefaultSpec("pod-a")
-	spec.ExcludeInboundPorts = []uint16{8080}
-	rec := &Record{
-		Version: recordVersion, PodUID: "pod-a", PodName: "web-0", PodNamespace: "shop",
-		NetnsPath: "/run/netns/p", NetnsID: "4:4026532000:8193", PodIPs: []string{"10.0.0.7"},
-		Spec: specRecord(spec), Routing: routingRecord(netns.DefaultRouting()),
-		EnrolledAt: time.Unix(1700000000, 0).UTC(), UpdatedAt: time.Unix(1700000001, 0).UTC(),
-	}
-	b, err := json.Marshal(rec)
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Add(b)
-	rec.Leaving = &Leaving{NetnsPath: "/run/netns/old", NetnsID: "4:4026531999", Routing: rec.Routing}
-	if b, err = json.Marshal(rec); err != nil {
-		f.Fatal(err)
-	}
-	f.Add(b)
-	st, err := OpenStore(f.TempDir(), nil)
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		// Stored under the name of the uid it claims, so that the
-		// fuzzer can reach records the daemon accepts.
-		var head struct {
-			PodUID string `json:"podUid"`
-		}
-		json.Unmarshal(data, &head)
-		name := fileName(head.PodUID)
-		path := filepath.Join(st.dir, name)
-		if err := os.WriteFile(path, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		defer os.Remove(path)
-		r, err := st.read(name)
-		if err != nil {
-			return
-		}
-		if _, err := r.ruleset(); err != nil {
-			t.Fatalf("accepted record builds no ruleset: %v", err)
-		}
-		if id, err := r.netnsID(); err != nil || id.IsZero() {
-			t.Fatalf("accepted record's namespace id %q: %v", r.NetnsID, err)
-		}
-		if err := r.Routing.netns().Validate(); err != nil {
-			t.Fatalf("accepted record's routing: %v", err)
-		}
-		out, err := json.Marshal(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, out, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		r2, err := st.read(name)
-		if err != nil {
-			t.Fatalf("a record written back from an accepted one is refused: %v\n%s", err, out)
-		}
-		if !sameIntent(r, r2) {
-			t.Fatalf("round trip changed the record:\n%s\n%+v", out, r2)
 		}
 	})
 }

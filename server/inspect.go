@@ -7,13 +7,14 @@ import (
 
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
+	"github.com/nftredir/nftredir/state"
 )
 
 // openRecorded opens the namespace a record names. When the path is gone
 // or now names another namespace it returns a nil handle and the reason;
 // an error means the question could not be answered.
-func (s *Server) openRecorded(rec *Record) (*netns.Handle, string, error) {
-	want, err := rec.netnsID()
+func (s *Server) openRecorded(rec *state.Record) (*netns.Handle, string, error) {
+	want, err := rec.NamespaceID()
 	if err != nil {
 		return nil, "", err
 	}
@@ -45,7 +46,7 @@ func (l liveState) inSync() bool {
 }
 
 // inspect opens the record's namespace and compares it with the record.
-func (s *Server) inspect(ctx context.Context, rec *Record) (liveState, error) {
+func (s *Server) inspect(ctx context.Context, rec *state.Record) (liveState, error) {
 	h, reason, err := s.openRecorded(rec)
 	if err != nil {
 		return liveState{}, err
@@ -57,8 +58,8 @@ func (s *Server) inspect(ctx context.Context, rec *Record) (liveState, error) {
 	return s.inspectHandle(ctx, h, rec)
 }
 
-func (s *Server) inspectHandle(ctx context.Context, h *netns.Handle, rec *Record) (liveState, error) {
-	rs, err := rec.ruleset()
+func (s *Server) inspectHandle(ctx context.Context, h *netns.Handle, rec *state.Record) (liveState, error) {
+	rs, err := rec.Ruleset()
 	if err != nil {
 		return liveState{}, err
 	}
@@ -66,7 +67,7 @@ func (s *Server) inspectHandle(ctx context.Context, h *netns.Handle, rec *Record
 	if err != nil {
 		return liveState{}, fmt.Errorf("verify table: %w", err)
 	}
-	rt, err := netns.InspectRouting(h, rec.Routing.netns())
+	rt, err := netns.InspectRouting(h, rec.Routing.Netns())
 	if err != nil {
 		return liveState{}, fmt.Errorf("inspect policy routing: %w", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/nftredir/nftredir/netns"
+	"github.com/nftredir/nftredir/state"
 )
 
 // owners maps each enrolled namespace to the one pod uid that owns it.
@@ -25,12 +26,12 @@ func newOwners() *owners { return &owners{byID: map[netns.ID]string{}} }
 
 // load indexes records; when two name one namespace the most recently
 // updated one wins and reconcile drops the other.
-func (o *owners) load(records []*Record, log hclog.Logger) {
+func (o *owners) load(records []*state.Record, log hclog.Logger) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	newest := map[netns.ID]*Record{}
+	newest := map[netns.ID]*state.Record{}
 	for _, r := range records {
-		id, err := r.netnsID()
+		id, err := r.NamespaceID()
 		if err != nil {
 			continue
 		}

@@ -99,7 +99,7 @@ func (s *Server) Enrol(ctx context.Context, req *nftredirv1.AddPodRequest) (*nft
 		log.Debug("add refused or failed; nothing changed", "error", err)
 		return nil, toStatus(err)
 	}
-	return &nftredirv1.AddPodResponse{Pod: s.withZDSState(rec.toProto())}, nil
+	return &nftredirv1.AddPodResponse{Pod: s.withZDSState(podProto(rec))}, nil
 }
 
 // validateAdmitted validates what the policy made of the request exactly
@@ -156,7 +156,7 @@ func (s *Server) Enrolled(uid string) (*nftredirv1.Pod, error) {
 	if err != nil || rec == nil {
 		return nil, toStatus(err)
 	}
-	return rec.toProto(), nil
+	return podProto(rec), nil
 }
 
 // EnrolledUIDs lists the enrolled pods' keys.

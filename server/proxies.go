@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+	"github.com/nftredir/nftredir/state"
 	"github.com/nftredir/nftredir/zds"
 )
 
@@ -35,8 +36,8 @@ type ProbeTable interface {
 const zdsAcked = "acked"
 
 // zdsPod is what the node proxy is told about the pod.
-func (r *Record) zdsPod() zds.Pod {
-	id, _ := r.netnsID() // records are checked when read
+func zdsPod(r *state.Record) zds.Pod {
+	id, _ := r.NamespaceID() // records are checked when read
 	p := zds.Pod{
 		UID:       r.PodUID,
 		Name:      r.PodName,
@@ -53,7 +54,7 @@ func (r *Record) zdsPod() zds.Pod {
 // probeAddrs are the record's pod IPs as addresses. Records hold
 // validated, normalised IPs; anything unparsable is skipped rather than
 // failing the node table for every pod.
-func (r *Record) probeAddrs() []netip.Addr {
+func probeAddrs(r *state.Record) []netip.Addr {
 	out := make([]netip.Addr, 0, len(r.PodIPs))
 	for _, s := range r.PodIPs {
 		if a, err := netip.ParseAddr(s); err == nil {
@@ -73,7 +74,7 @@ func (s *Server) ZDSPods() ([]zds.Pod, error) {
 	}
 	pods := make([]zds.Pod, len(records))
 	for i, r := range records {
-		pods[i] = r.zdsPod()
+		pods[i] = zdsPod(r)
 	}
 	return pods, nil
 }
@@ -94,11 +95,11 @@ func (s *Server) lockProbe() func() {
 // probeAdded puts the pod's addresses into the node table. A failure
 // leaves the pod captured and its probes captured too, until the next
 // reconcile pass retries; it does not fail the AddPod.
-func (s *Server) probeAdded(ctx context.Context, log hclog.Logger, rec *Record) {
+func (s *Server) probeAdded(ctx context.Context, log hclog.Logger, rec *state.Record) {
 	if s.probe == nil {
 		return
 	}
-	if err := s.probe.Add(context.WithoutCancel(ctx), rec.PodUID, rec.probeAddrs()); err != nil {
+	if err := s.probe.Add(context.WithoutCancel(ctx), rec.PodUID, probeAddrs(rec)); err != nil {
 		log.Warn("cannot add the pod's addresses to the node probe table; reconcile will retry", "error", err)
 	}
 }
@@ -121,20 +122,20 @@ func (s *Server) released(ctx context.Context, log hclog.Logger, uid string) {
 // Without ZDSRequireAck it returns at once. With it, it waits for the
 // proxy's ack and reports a failure as Unavailable: the pod stays
 // enrolled, and a repeated AddPod waits again.
-func (s *Server) handToProxy(ctx context.Context, log hclog.Logger, prev, rec *Record) error {
+func (s *Server) handToProxy(ctx context.Context, log hclog.Logger, prev, rec *state.Record) error {
 	if s.zds == nil {
 		return nil
 	}
 	// A repeated AddPod that changes nothing need not make the proxy
 	// rebuild the pod's listeners.
-	if sameIntent(prev, rec) && s.zds.State(rec.PodUID) == zdsAcked {
+	if state.SameIntent(prev, rec) && s.zds.State(rec.PodUID) == zdsAcked {
 		return nil
 	}
 	if !s.zdsRequireAck {
-		s.zds.PodAdded(rec.zdsPod())
+		s.zds.PodAdded(zdsPod(rec))
 		return nil
 	}
-	if err := s.zds.PodAddedWait(ctx, rec.zdsPod()); err != nil {
+	if err := s.zds.PodAddedWait(ctx, zdsPod(rec)); err != nil {
 		log.Warn("node proxy has not taken the pod", "error", err)
 		return proxyNotTaken(rec.PodUID, err)
 	}
@@ -166,7 +167,7 @@ func (s *Server) reconcileProbe(ctx context.Context) {
 	}
 	pods := make(map[string][]netip.Addr, len(records))
 	for _, r := range records {
-		pods[r.PodUID] = r.probeAddrs()
+		pods[r.PodUID] = probeAddrs(r)
 	}
 	if err := s.probe.Reconcile(ctx, pods); err != nil {
 		s.log.Error("cannot reconcile the node probe table; retrying next pass", "error", err)

@@ -1,177 +1,35 @@
 package server
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
+
+	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/nftredir/nftredir/netns"
+	"github.com/nftredir/nftredir/state"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
-	"github.com/nftredir/nftredir/internal/durable"
-	"github.com/nftredir/nftredir/netns"
-	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
-// A record that cannot be used is moved to the quarantine directory and
-// never acted on as a record. Its pod's capture, though, may still be in
-// place, and the pod must stay releasable: RemovePod reads what it can of
-// the quarantined bytes (the namespace path, its identity, the routing)
-// and removes only a table whose rule comments carry the pod's uid. Once
-// released, the file is renamed with releasedSuffix: kept for a person,
-// no longer reported as pending.
-
-// releasedSuffix marks a quarantined record whose pod has been released.
-const releasedSuffix = ".released"
-
-// quarantined is one quarantined record whose pod was not released yet.
-type quarantined struct {
-	path    string
-	podUID  string // the uid it is stored under, "" if not known
-	salvage salvaged
-	reason  string
-}
-
-// salvaged is what could still be read of a damaged record.
-type salvaged struct {
-	PodUID    string
-	NetnsPath string
-	NetnsID   string
-	Routing   *Routing
-}
-
-// salvage reads the record's top-level fields that a release needs, one
-// value at a time, so that a record truncated or damaged after them, or
-// with another field of the wrong type, still yields them. Nothing read
-// here is trusted: a release checks the namespace and its table first.
-func salvage(data []byte) salvaged {
-	var sv salvaged
-	dec := json.NewDecoder(bytes.NewReader(data))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return sv
-	}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return sv
-		}
-		key, _ := tok.(string)
-		var dst any
-		var str string
-		var rt Routing
-		switch key {
-		case "podUid", "netnsPath", "netnsId":
-			dst = &str
-		case "routing":
-			dst = &rt
-		default:
-			dst = new(json.RawMessage)
-		}
-		if err := dec.Decode(dst); err != nil {
-			var te *json.UnmarshalTypeError
-			if errors.As(err, &te) {
-				continue // the value was consumed; it is just not usable
-			}
-			return sv
-		}
-		switch key {
-		case "podUid":
-			sv.PodUID = str
-		case "netnsPath":
-			sv.NetnsPath = str
-		case "netnsId":
-			sv.NetnsID = str
-		case "routing":
-			sv.Routing = &rt
-		}
-	}
-	return sv
-}
-
-// quarantinedFor lists the quarantined records stored under uid's name
-// whose pod was not released. An unreadable quarantine directory is an
-// error, so a pod that may still be captured is not reported as unknown.
-func (s *Store) quarantinedFor(uid string) ([]quarantined, error) {
-	return s.listQuarantined(fileName(uid)+".", uid)
-}
-
-// quarantinedAll lists every quarantined record not released.
-func (s *Store) quarantinedAll() ([]quarantined, error) {
-	return s.listQuarantined("", "")
-}
-
-func (s *Store) listQuarantined(prefix, uid string) ([]quarantined, error) {
-	qdir := filepath.Join(s.dir, quarantineDir)
-	entries, err := os.ReadDir(qdir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read quarantine dir: %w", err)
-	}
-	var out []quarantined
-	for _, e := range entries {
-		name := e.Name()
-		if !e.Type().IsRegular() || !strings.HasPrefix(name, prefix) || strings.HasSuffix(name, releasedSuffix) {
-			continue
-		}
-		// The file is the record's name plus the time it was set aside.
-		recName, _, ok := strings.Cut(name, recordSuffix+".")
-		if !ok || !isRecordName(recName+recordSuffix) {
-			continue
-		}
-		recName += recordSuffix
-		path := filepath.Join(qdir, name)
-		data, err := os.ReadFile(path)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // released concurrently
-		}
-		if err != nil {
-			return nil, fmt.Errorf("read quarantined record: %w", err)
-		}
-		q := quarantined{path: path, podUID: uid, salvage: salvage(data)}
-		if q.podUID == "" && fileName(q.salvage.PodUID) == recName {
-			q.podUID = q.salvage.PodUID
-		}
-		if _, err := decodeRecord(path, recName, data); err != nil {
-			q.reason = err.Error()
-		} else {
-			q.reason = "the record reads well now; it was set aside when it did not"
-		}
-		out = append(out, q)
-	}
-	return out, nil
-}
-
-// markReleased renames a quarantined record once its pod is released.
-func (s *Store) markReleased(path string) error {
-	if err := os.Rename(path, path+releasedSuffix); err != nil {
-		return fmt.Errorf("mark quarantined record released: %w", err)
-	}
-	return durable.SyncDir(filepath.Dir(path))
-}
-
-func (q quarantined) toProto() *nftredirv1.QuarantinedRecord {
+func quarantinedProto(q state.Quarantined) *nftredirv1.QuarantinedRecord {
 	return &nftredirv1.QuarantinedRecord{
-		File:      q.path,
-		PodUid:    q.podUID,
-		NetnsPath: q.salvage.NetnsPath,
-		NetnsId:   q.salvage.NetnsID,
-		Reason:    q.reason,
+		File:      q.Path,
+		PodUid:    q.PodUID,
+		NetnsPath: q.Salvage.NetnsPath,
+		NetnsId:   q.Salvage.NetnsID,
+		Reason:    q.Reason,
 	}
 }
 
 // getQuarantined answers GetPod for a pod without a record: what its
 // quarantined record still says, or NotFound.
 func (s *Server) getQuarantined(uid string) (*nftredirv1.GetPodResponse, error) {
-	qs, err := s.store.quarantinedFor(uid)
+	qs, err := s.store.QuarantinedFor(uid)
 	if err != nil {
 		return nil, err
 	}
@@ -180,29 +38,29 @@ func (s *Server) getQuarantined(uid string) (*nftredirv1.GetPodResponse, error) 
 	}
 	q := qs[len(qs)-1] // the latest: names carry the time they were set aside
 	return &nftredirv1.GetPodResponse{
-		Pod:        &nftredirv1.Pod{PodUid: uid, NetnsPath: q.salvage.NetnsPath, NetnsId: q.salvage.NetnsID},
+		Pod:        &nftredirv1.Pod{PodUid: uid, NetnsPath: q.Salvage.NetnsPath, NetnsId: q.Salvage.NetnsID},
 		SyncStatus: nftredirv1.SyncStatus_SYNC_STATUS_QUARANTINED,
 		Detail: fmt.Sprintf("the pod's record was corrupt and is quarantined as %s (%s); its capture may remain in its namespace: RemovePod releases it, AddPod enrols the pod afresh",
-			q.path, q.reason),
+			q.Path, q.Reason),
 	}, nil
 }
 
 // releaseQuarantined releases the capture of uid's quarantined records,
 // under uid's lock. It reports whether there were any.
 func (s *Server) releaseQuarantined(ctx context.Context, uid string) (bool, error) {
-	qs, err := s.store.quarantinedFor(uid)
+	qs, err := s.store.QuarantinedFor(uid)
 	if err != nil || len(qs) == 0 {
 		return false, err
 	}
 	log := s.log.With("pod", uid)
 	for _, q := range qs {
-		if err := s.releaseSalvaged(ctx, log.With("file", q.path), uid, q.salvage); err != nil {
-			return true, fmt.Errorf("release the pod of quarantined record %s: %w", q.path, err)
+		if err := s.releaseSalvaged(ctx, log.With("file", q.Path), uid, q.Salvage); err != nil {
+			return true, fmt.Errorf("release the pod of quarantined record %s: %w", q.Path, err)
 		}
-		if err := s.store.markReleased(q.path); err != nil {
+		if err := s.store.MarkReleased(q.Path); err != nil {
 			return true, err
 		}
-		log.Info("pod of a quarantined record released", "file", q.path)
+		log.Info("pod of a quarantined record released", "file", q.Path)
 	}
 	s.released(ctx, log, uid)
 	return true, nil
@@ -211,10 +69,10 @@ func (s *Server) releaseQuarantined(ctx context.Context, uid string) (bool, erro
 // releaseSalvaged removes uid's capture from the namespace a damaged
 // record names. When the record names no usable path, every namespace the
 // node has is searched for a table of uid's.
-func (s *Server) releaseSalvaged(ctx context.Context, log hclog.Logger, uid string, sv salvaged) error {
+func (s *Server) releaseSalvaged(ctx context.Context, log hclog.Logger, uid string, sv state.Salvaged) error {
 	routing := s.routing
-	if sv.Routing != nil && sv.Routing.netns().Validate() == nil {
-		routing = sv.Routing.netns()
+	if sv.Routing != nil && sv.Routing.Netns().Validate() == nil {
+		routing = sv.Routing.Netns()
 	}
 	recorded, idErr := netns.ParseID(sv.NetnsID)
 	if idErr != nil {

@@ -7,13 +7,14 @@ import (
 	"testing"
 
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+	"github.com/nftredir/nftredir/state"
 )
 
 // corrupt overwrites uid's record in the state dir with what damage(the
 // record's bytes) returns.
 func (ts *testServer) corrupt(t *testing.T, uid string, damage func([]byte) []byte) {
 	t.Helper()
-	path := filepath.Join(ts.srv.store.Dir(), fileName(uid))
+	path := ts.srv.store.RecordPath(uid)
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +96,7 @@ func TestQuarantinedRecordTouchesOnlyItsPod(t *testing.T) {
 	ts.mustAdd(t, "pod-1", mine.path)
 	ts.srv.store.Delete("pod-1")
 	// pod-1's record, torn, naming the victim's namespace.
-	path := filepath.Join(ts.srv.store.Dir(), fileName("pod-1"))
+	path := ts.srv.store.RecordPath("pod-1")
 	if err := os.WriteFile(path, []byte(`{"version": 1, "podUid": "pod-1", "netnsPath": "`+victim.path+`", "netnsId": "`), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +136,7 @@ func TestQuarantinedRecordIsShown(t *testing.T) {
 	}
 	q := list.Quarantined[0]
 	if q.PodUid != "pod-1" || q.NetnsPath != ns.path || q.NetnsId != pod.NetnsId || !strings.Contains(q.Reason, "corrupt record") ||
-		!strings.HasPrefix(q.File, filepath.Join(ts.srv.store.Dir(), quarantineDir)) {
+		!strings.HasPrefix(q.File, filepath.Join(ts.srv.store.Dir(), state.QuarantineDir)) {
 		t.Errorf("quarantined record = %v", q)
 	}
 	if _, err := os.Stat(q.File); err != nil {
@@ -148,7 +149,7 @@ func TestQuarantinedRecordIsShown(t *testing.T) {
 	if list, err := ts.api.ListPods(ctxT(t), &nftredirv1.ListPodsRequest{}); err != nil || len(list.Quarantined) != 0 {
 		t.Errorf("ListPods after the release = %v, %v; want nothing quarantined", list, err)
 	}
-	if _, err := os.Stat(q.File + releasedSuffix); err != nil {
+	if _, err := os.Stat(q.File + state.ReleasedSuffix); err != nil {
 		t.Errorf("the released record is not kept for inspection: %v", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nftredir/nftredir/netns"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+	"github.com/nftredir/nftredir/state"
 )
 
 // ReconcileResult counts what one reconcile pass did.
@@ -109,7 +110,7 @@ func (s *Server) reconcileOne(ctx context.Context, uid string) outcome {
 	}
 	// A move that crashed before cleaning up the namespace left behind.
 	s.finishLeaving(log, rec)
-	id, _ := rec.netnsID()
+	id, _ := rec.NamespaceID()
 	if cur, ok := s.owners.claim(id, uid, ""); !ok {
 		return s.drop(ctx, log, rec, fmt.Sprintf("namespace %s is enrolled by pod %s", id, cur))
 	}
@@ -138,12 +139,12 @@ func (s *Server) reconcileOne(ctx context.Context, uid string) outcome {
 	return outcomeRepaired
 }
 
-func (s *Server) repair(ctx context.Context, h *netns.Handle, rec *Record) error {
-	rs, err := rec.ruleset()
+func (s *Server) repair(ctx context.Context, h *netns.Handle, rec *state.Record) error {
+	rs, err := rec.Ruleset()
 	if err != nil {
 		return err
 	}
-	if err := netns.EnsureRouting(h, rec.Routing.netns()); err != nil {
+	if err := netns.EnsureRouting(h, rec.Routing.Netns()); err != nil {
 		return fmt.Errorf("install policy routing: %w", err)
 	}
 	if err := s.applier.Apply(ctx, h, rs); err != nil {
@@ -161,17 +162,17 @@ func (s *Server) repair(ctx context.Context, h *netns.Handle, rec *Record) error
 // drop removes a record whose namespace is no longer the one enrolled.
 // Nothing is programmed anywhere: the path may now lead to a namespace
 // that is not this pod's.
-func (s *Server) drop(ctx context.Context, log hclog.Logger, rec *Record, reason string) outcome {
+func (s *Server) drop(ctx context.Context, log hclog.Logger, rec *state.Record, reason string) outcome {
 	defer s.lockProbe()()
 	if err := s.store.Delete(rec.PodUID); err != nil {
 		log.Error("cannot drop the record", "error", err)
 		return outcomeFailed
 	}
-	if id, err := rec.netnsID(); err == nil {
+	if id, err := rec.NamespaceID(); err == nil {
 		s.owners.release(id, rec.PodUID)
 	}
 	s.released(ctx, log, rec.PodUID)
-	s.watch.publish(nftredirv1.EventType_EVENT_TYPE_REMOVED, rec.toProto())
+	s.watch.publish(nftredirv1.EventType_EVENT_TYPE_REMOVED, podProto(rec))
 	log.Info("record dropped", "reason", reason)
 	return outcomeDropped
 }
@@ -179,7 +180,7 @@ func (s *Server) drop(ctx context.Context, log hclog.Logger, rec *Record, reason
 // reconcileRemoving finishes a RemovePod that recorded its intent but did
 // not complete: the caller asked for the pod to go, so its capture is
 // released rather than restored.
-func (s *Server) reconcileRemoving(ctx context.Context, log hclog.Logger, rec *Record) outcome {
+func (s *Server) reconcileRemoving(ctx context.Context, log hclog.Logger, rec *state.Record) outcome {
 	defer s.lockProbe()()
 	if err := s.finishRemove(ctx, rec); err != nil {
 		log.Error("cannot finish an interrupted RemovePod; retrying next pass", "error", err)

@@ -23,6 +23,7 @@ import (
 	"github.com/nftredir/nftredir/internal/nstest"
 	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+	"github.com/nftredir/nftredir/state"
 )
 
 func TestAddGetRemove(t *testing.T) {
@@ -282,7 +283,7 @@ func TestReconcileFinishesAnInterruptedMove(t *testing.T) {
 	}
 	bID := h.ID()
 	h.Close()
-	rec.Leaving = &Leaving{NetnsPath: a.path, NetnsID: pod.NetnsId, Routing: rec.Routing}
+	rec.Leaving = &state.Leaving{NetnsPath: a.path, NetnsID: pod.NetnsId, Routing: rec.Routing}
 	rec.NetnsPath, rec.NetnsID = b.path, bID.String()
 	if err := ts.srv.store.Put(rec); err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+	"github.com/nftredir/nftredir/state"
 )
 
 var _ nftredirv1.RedirectServiceServer = (*Server)(nil)
@@ -39,7 +40,7 @@ func (s *Server) AddPod(ctx context.Context, req *nftredirv1.AddPodRequest) (*nf
 
 // addPodAndProbe is addPod followed by the node table update, both under
 // lockProbe.
-func (s *Server) addPodAndProbe(ctx context.Context, log hclog.Logger, a *addPod, h *netns.Handle) (*Record, *Record, error) {
+func (s *Server) addPodAndProbe(ctx context.Context, log hclog.Logger, a *addPod, h *netns.Handle) (*state.Record, *state.Record, error) {
 	defer s.lockProbe()()
 	rec, prev, err := s.addPod(ctx, log, a, h)
 	if err != nil {
@@ -55,7 +56,7 @@ func (s *Server) addPodAndProbe(ctx context.Context, log hclog.Logger, a *addPod
 // or a record that reconcile completes, and an error reply means nothing
 // changed. It returns the new record and the previous one (nil for a new
 // pod).
-func (s *Server) addPod(ctx context.Context, log hclog.Logger, a *addPod, h *netns.Handle) (*Record, *Record, error) {
+func (s *Server) addPod(ctx context.Context, log hclog.Logger, a *addPod, h *netns.Handle) (*state.Record, *state.Record, error) {
 	rs, err := nft.Build(a.spec)
 	if err != nil {
 		return nil, nil, invalidArgument("options: %v", err)
@@ -67,7 +68,7 @@ func (s *Server) addPod(ctx context.Context, log hclog.Logger, a *addPod, h *net
 	}
 	var prevID netns.ID
 	if prev != nil {
-		prevID, _ = prev.netnsID() // records are checked when read
+		prevID, _ = prev.NamespaceID() // records are checked when read
 	}
 	sameNS := prev != nil && prevID == id
 	if err := s.claim(h, a.uid); err != nil {
@@ -75,8 +76,8 @@ func (s *Server) addPod(ctx context.Context, log hclog.Logger, a *addPod, h *net
 	}
 
 	now := s.now()
-	rec := &Record{
-		Version:        recordVersion,
+	rec := &state.Record{
+		Version:        state.Version,
 		PodUID:         a.uid,
 		PodName:        a.name,
 		PodNamespace:   a.namespace,
@@ -84,8 +85,8 @@ func (s *Server) addPod(ctx context.Context, log hclog.Logger, a *addPod, h *net
 		NetnsID:        id.String(),
 		PodIPs:         a.podIPs,
 		ServiceAccount: a.serviceAccount,
-		Spec:           specRecord(a.spec),
-		Routing:        routingRecord(s.routing),
+		Spec:           state.SpecOf(a.spec),
+		Routing:        state.RoutingOf(s.routing),
 		EnrolledAt:     now,
 		UpdatedAt:      now,
 	}
@@ -95,7 +96,7 @@ func (s *Server) addPod(ctx context.Context, log hclog.Logger, a *addPod, h *net
 		if !sameNS {
 			// An older unfinished move, if any, is superseded: reconcile
 			// only tracks the latest namespace left behind.
-			rec.Leaving = &Leaving{NetnsPath: prev.NetnsPath, NetnsID: prev.NetnsID, Routing: prev.Routing}
+			rec.Leaving = &state.Leaving{NetnsPath: prev.NetnsPath, NetnsID: prev.NetnsID, Routing: prev.Routing}
 		}
 	}
 	// The rollback covers the write itself: Put can fail after its rename
@@ -120,7 +121,7 @@ func (s *Server) addPod(ctx context.Context, log hclog.Logger, a *addPod, h *net
 	if sameNS && prev.Routing != rec.Routing {
 		// Daemon flags changed the routing since the pod was enrolled: drop
 		// the old rule, then make sure the new one survived a shared table.
-		if err := netns.RemoveRouting(h, prev.Routing.netns()); err != nil {
+		if err := netns.RemoveRouting(h, prev.Routing.Netns()); err != nil {
 			log.Warn("cannot remove the pod's previous policy routing", "error", err)
 		}
 		if err := netns.EnsureRouting(h, s.routing); err != nil {
@@ -130,8 +131,8 @@ func (s *Server) addPod(ctx context.Context, log hclog.Logger, a *addPod, h *net
 	if prev != nil && !sameNS {
 		s.finishLeaving(log, rec)
 	}
-	if !sameIntent(prev, rec) {
-		s.watch.publish(nftredirv1.EventType_EVENT_TYPE_ADDED, rec.toProto())
+	if !state.SameIntent(prev, rec) {
+		s.watch.publish(nftredirv1.EventType_EVENT_TYPE_ADDED, podProto(rec))
 	}
 	switch {
 	case prev == nil:
@@ -180,7 +181,7 @@ func (s *Server) stillOwns(owner string, id netns.ID) bool {
 	if r == nil {
 		return false
 	}
-	if rid, err := r.netnsID(); err != nil || rid != id {
+	if rid, err := r.NamespaceID(); err != nil || rid != id {
 		return false
 	}
 	h, err := s.guard.Open(r.NetnsPath)
@@ -194,7 +195,7 @@ func (s *Server) stillOwns(owner string, id netns.ID) bool {
 // rollbackAdd undoes addPod after the record was written. It runs on
 // error and on panic, with a context of its own: the caller's may be
 // the reason for the failure.
-func (s *Server) rollbackAdd(log hclog.Logger, h *netns.Handle, rec, prev *Record, sameNS bool) {
+func (s *Server) rollbackAdd(log hclog.Logger, h *netns.Handle, rec, prev *state.Record, sameNS bool) {
 	ctx := context.Background()
 	var errs []error
 	if !sameNS {
@@ -215,16 +216,16 @@ func (s *Server) rollbackAdd(log hclog.Logger, h *netns.Handle, rec, prev *Recor
 		err := s.store.Put(prev)
 		errs = append(errs, err)
 		if err == nil && !sameNS {
-			s.watch.publish(nftredirv1.EventType_EVENT_TYPE_ADDED, prev.toProto())
+			s.watch.publish(nftredirv1.EventType_EVENT_TYPE_ADDED, podProto(prev))
 			if s.zds != nil {
-				s.zds.PodAdded(prev.zdsPod())
+				s.zds.PodAdded(zdsPod(prev))
 			}
 		}
 	} else {
 		err := s.store.Delete(rec.PodUID)
 		errs = append(errs, err)
 		if err == nil {
-			s.watch.publish(nftredirv1.EventType_EVENT_TYPE_REMOVED, rec.toProto())
+			s.watch.publish(nftredirv1.EventType_EVENT_TYPE_REMOVED, podProto(rec))
 			if s.zds != nil {
 				// It must not keep a namespace that is not captured.
 				s.zds.PodRemoved(rec.PodUID)
@@ -240,7 +241,7 @@ func (s *Server) rollbackAdd(log hclog.Logger, h *netns.Handle, rec, prev *Recor
 // it moved out of (rec.Leaving), if its path still leads there and no
 // other pod has enrolled it since, then clears rec.Leaving. Failures are
 // logged; reconcile calls this again for records that still carry it.
-func (s *Server) finishLeaving(log hclog.Logger, rec *Record) {
+func (s *Server) finishLeaving(log hclog.Logger, rec *state.Record) {
 	l := rec.Leaving
 	if l == nil {
 		return
@@ -258,7 +259,7 @@ func (s *Server) finishLeaving(log hclog.Logger, rec *Record) {
 					log.Warn("cannot remove the table from the pod's previous namespace; reconcile retries", "old_netns", l.NetnsPath, "error", err)
 					return
 				}
-				if err := netns.RemoveRouting(h, l.Routing.netns()); err != nil {
+				if err := netns.RemoveRouting(h, l.Routing.Netns()); err != nil {
 					log.Warn("cannot remove routing from the pod's previous namespace; reconcile retries", "old_netns", l.NetnsPath, "error", err)
 					return
 				}
@@ -337,10 +338,10 @@ func (s *Server) removePod(ctx context.Context, uid string) (bool, error) {
 // finishRemove releases a pod whose record is marked Removing: its table
 // and routing, then the record. Failures leave the record marked, for a
 // repeated RemovePod or reconcile to finish.
-func (s *Server) finishRemove(ctx context.Context, rec *Record) error {
+func (s *Server) finishRemove(ctx context.Context, rec *state.Record) error {
 	uid := rec.PodUID
 	log := s.log.With("pod", uid, "netns", rec.NetnsPath)
-	id, _ := rec.netnsID()
+	id, _ := rec.NamespaceID()
 	h, err := s.open(rec.NetnsPath)
 	switch {
 	case err == nil && h.ID() == id:
@@ -348,7 +349,7 @@ func (s *Server) finishRemove(ctx context.Context, rec *Record) error {
 		if err := s.applier.Remove(ctx, h); err != nil {
 			return err
 		}
-		if err := netns.RemoveRouting(h, rec.Routing.netns()); err != nil {
+		if err := netns.RemoveRouting(h, rec.Routing.Netns()); err != nil {
 			return fmt.Errorf("remove policy routing: %w", err)
 		}
 	case err == nil:
@@ -364,7 +365,7 @@ func (s *Server) finishRemove(ctx context.Context, rec *Record) error {
 	}
 	s.owners.release(id, uid)
 	s.released(ctx, log, uid)
-	s.watch.publish(nftredirv1.EventType_EVENT_TYPE_REMOVED, rec.toProto())
+	s.watch.publish(nftredirv1.EventType_EVENT_TYPE_REMOVED, podProto(rec))
 	log.Info("pod released")
 	return nil
 }
@@ -392,7 +393,7 @@ func (s *Server) getPod(ctx context.Context, uid string) (*nftredirv1.GetPodResp
 	if rec == nil {
 		return s.getQuarantined(uid)
 	}
-	resp := &nftredirv1.GetPodResponse{Pod: s.withZDSState(rec.toProto())}
+	resp := &nftredirv1.GetPodResponse{Pod: s.withZDSState(podProto(rec))}
 	live, err := s.inspect(ctx, rec)
 	if err != nil {
 		return nil, err
@@ -427,13 +428,13 @@ func (s *Server) ListPods(ctx context.Context, _ *nftredirv1.ListPodsRequest) (*
 	for _, p := range pods {
 		s.withZDSState(p)
 	}
-	qs, err := s.store.quarantinedAll()
+	qs, err := s.store.QuarantinedAll()
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	resp := &nftredirv1.ListPodsResponse{Pods: pods}
 	for _, q := range qs {
-		resp.Quarantined = append(resp.Quarantined, q.toProto())
+		resp.Quarantined = append(resp.Quarantined, quarantinedProto(q))
 	}
 	return resp, nil
 }
@@ -443,12 +444,12 @@ func (s *Server) listPods() ([]*nftredirv1.Pod, error) {
 	if err != nil {
 		return nil, err
 	}
-	slices.SortFunc(records, func(a, b *Record) int {
+	slices.SortFunc(records, func(a, b *state.Record) int {
 		return cmp.Or(cmp.Compare(a.PodNamespace, b.PodNamespace), cmp.Compare(a.PodName, b.PodName), cmp.Compare(a.PodUID, b.PodUID))
 	})
 	pods := make([]*nftredirv1.Pod, len(records))
 	for i, r := range records {
-		pods[i] = r.toProto()
+		pods[i] = podProto(r)
 	}
 	return pods, nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+	"github.com/nftredir/nftredir/state"
 )
 
 // Validation is hand-written here rather than generated: the messages are
@@ -48,34 +49,9 @@ func (p problems) err() error {
 	return invalidArgument("invalid request: %s", strings.Join(p, "; "))
 }
 
-func checkPodUID(uid string) error {
-	var p problems
-	checkUID(&p, uid)
-	if len(p) > 0 {
-		return fmt.Errorf("%s", strings.Join(p, "; "))
-	}
-	return nil
-}
-
 func checkUID(p *problems, uid string) {
-	switch {
-	case uid == "":
-		p.addf("pod_uid is required (the pod's Kubernetes UID)")
-		return
-	case len(uid) > nft.MaxPodIDLen:
-		p.addf("pod_uid is %d bytes, at most %d allowed", len(uid), nft.MaxPodIDLen)
-		return
-	case !utf8.ValidString(uid):
-		p.addf("pod_uid must be valid UTF-8")
-		return
-	}
-	for _, r := range uid {
-		// The uid lands in rule comments, logs and file contents: keep it
-		// to visible characters that need no quoting anywhere.
-		if !unicode.IsPrint(r) || unicode.IsSpace(r) || r == '/' || r == '"' || r == '\\' || r == '\'' {
-			p.addf("pod_uid %q contains %q; use printable characters without spaces, slashes, quotes or backslashes", uid, r)
-			return
-		}
+	if err := state.CheckPodUID(uid); err != nil {
+		p.addf("%v", err)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+	"github.com/nftredir/nftredir/state"
 )
 
 func validAdd() *nftredirv1.AddPodRequest {
@@ -187,15 +188,15 @@ func TestValidateTProxyTarget(t *testing.T) {
 			if got := addrText(a.spec.TProxyAddrV6); got != tc.want6 {
 				t.Errorf("tproxy v6 = %q, want %q", got, tc.want6)
 			}
-			rec := &Record{PodUID: req.PodUid, Spec: specRecord(a.spec)}
-			back, err := rec.Spec.spec(req.PodUid)
+			rec := &state.Record{PodUID: req.PodUid, Spec: state.SpecOf(a.spec)}
+			back, err := rec.Spec.Spec(req.PodUid)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if back.TProxyAddrV4 != a.spec.TProxyAddrV4 || back.TProxyAddrV6 != a.spec.TProxyAddrV6 {
 				t.Errorf("record round trip: %v %v, want %v %v", back.TProxyAddrV4, back.TProxyAddrV6, a.spec.TProxyAddrV4, a.spec.TProxyAddrV6)
 			}
-			opts := rec.toProto().GetOptions()
+			opts := podProto(rec).GetOptions()
 			if opts.TproxyIpv4 == nil || opts.GetTproxyIpv4() != tc.want4 || opts.TproxyIpv6 == nil || opts.GetTproxyIpv6() != tc.want6 {
 				t.Errorf("API options show %v %v, want %q %q", opts.TproxyIpv4, opts.TproxyIpv6, tc.want4, tc.want6)
 			}

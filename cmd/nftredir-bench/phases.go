@@ -17,7 +17,7 @@ import (
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 	"github.com/nftredir/nftredir/probe"
-	"github.com/nftredir/nftredir/server"
+	"github.com/nftredir/nftredir/state"
 )
 
 // Phase names, in the order AddPod and RemovePod run them.
@@ -59,7 +59,7 @@ func (b *bench) phases(ctx context.Context, d *daemon) (map[string][]time.Durati
 		return nil, err
 	}
 	defer b.pool.remove(names)
-	store, err := server.OpenStore(filepath.Join(b.work, "phase-state"), nil)
+	store, err := state.Open(filepath.Join(b.work, "phase-state"), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -68,7 +68,7 @@ func (b *bench) phases(ctx context.Context, d *daemon) (map[string][]time.Durati
 		return nil, err
 	}
 	defer os.RemoveAll(diskDir)
-	disk, err := server.OpenStore(diskDir, nil)
+	disk, err := state.Open(diskDir, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -211,9 +211,9 @@ func runPhases(timed func(string, func() error) error, lists ...[]phaseStep) err
 const diskRoot = "/var/tmp"
 
 // benchRecord is the record AddPod writes for a default pod.
-func benchRecord(uid, path string) *server.Record {
+func benchRecord(uid, path string) *state.Record {
 	now := time.Now().UTC()
-	return &server.Record{
+	return &state.Record{
 		Version:      1,
 		PodUID:       uid,
 		PodName:      uid,
@@ -221,20 +221,20 @@ func benchRecord(uid, path string) *server.Record {
 		NetnsPath:    path,
 		NetnsID:      "0:0",
 		PodIPs:       []string{dpPodAddr},
-		Spec: server.SpecRecord{
+		Spec: state.SpecRecord{
 			Mode:             "TPROXY",
 			OutboundPort:     15001,
 			InboundPort:      15006,
 			InboundHBONEPort: 15008,
 			DNSPort:          15053,
-			ProxyMark:        server.Mark{Value: 0x539, Mask: 0xfff},
-			TProxyMark:       server.Mark{Value: 0x111, Mask: 0xfff},
+			ProxyMark:        state.Mark{Value: 0x539, Mask: 0xfff},
+			TProxyMark:       state.Mark{Value: 0x111, Mask: 0xfff},
 			ProbeSourceV4:    "169.254.7.127",
 			ProbeSourceV6:    "fd16:9254:7127:1337:ffff:ffff:ffff:ffff",
 			IPv6:             true,
 			InboundCapture:   true,
 		},
-		Routing:    server.Routing{Mark: 0x111, Mask: 0xfff, Table: 100, Priority: 32764},
+		Routing:    state.Routing{Mark: 0x111, Mask: 0xfff, Table: 100, Priority: 32764},
 		EnrolledAt: now,
 		UpdatedAt:  now,
 	}

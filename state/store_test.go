@@ -1,4 +1,4 @@
-package server
+package state
 
 import (
 	"os"
@@ -16,14 +16,14 @@ import (
 func testRecord(uid string) *Record {
 	now := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 	return &Record{
-		Version:    recordVersion,
+		Version:    Version,
 		PodUID:     uid,
 		PodName:    "web-0",
 		NetnsPath:  "/run/netns/" + uid,
 		NetnsID:    "4:4026532591",
 		PodIPs:     []string{"10.244.1.7"},
-		Spec:       specRecord(nft.DefaultSpec(uid)),
-		Routing:    routingRecord(netns.DefaultRouting()),
+		Spec:       SpecOf(nft.DefaultSpec(uid)),
+		Routing:    RoutingOf(netns.DefaultRouting()),
 		EnrolledAt: now,
 		UpdatedAt:  now,
 	}
@@ -31,7 +31,7 @@ func testRecord(uid string) *Record {
 
 func TestStorePutGetDelete(t *testing.T) {
 	dir := t.TempDir()
-	st, err := OpenStore(dir, nil)
+	st, err := Open(dir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +46,7 @@ func TestStorePutGetDelete(t *testing.T) {
 	if err != nil || got == nil {
 		t.Fatalf("Get = %v, %v", got, err)
 	}
-	if !equalJSON(got, rec) {
+	if !EqualJSON(got, rec) {
 		t.Errorf("round trip changed the record:\n got %+v\nwant %+v", got, rec)
 	}
 	fi, err := os.Stat(filepath.Join(dir, fileName("pod-a")))
@@ -87,7 +87,7 @@ func TestStoreFileNameIsSafe(t *testing.T) {
 
 func TestStoreReloadAndQuarantine(t *testing.T) {
 	dir := t.TempDir()
-	st, err := OpenStore(dir, nil)
+	st, err := Open(dir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func TestStoreReloadAndQuarantine(t *testing.T) {
 		t.Fatal(err)
 	}
 	future := testRecord("pod-e")
-	future.Version = recordVersion + 1
+	future.Version = Version + 1
 	if err := st.Put(future); err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func TestStoreReloadAndQuarantine(t *testing.T) {
 	write("README", "not a record; left alone")
 
 	var logs strings.Builder
-	st2, err := OpenStore(dir, hclog.New(&hclog.LoggerOptions{Output: &logs}))
+	st2, err := Open(dir, hclog.New(&hclog.LoggerOptions{Output: &logs}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,12 +135,12 @@ func TestStoreReloadAndQuarantine(t *testing.T) {
 	if strings.Join(uids, ",") != "pod-a,pod-b" && strings.Join(uids, ",") != "pod-b,pod-a" {
 		t.Errorf("reloaded %v, want pod-a and pod-b", uids)
 	}
-	q, err := os.ReadDir(filepath.Join(dir, quarantineDir))
+	q, err := os.ReadDir(filepath.Join(dir, QuarantineDir))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(q) != 3 {
-		t.Errorf("quarantined %d files, want 3 (garbage, misplaced, bad mode)", len(q))
+		t.Errorf("Quarantined %d files, want 3 (garbage, misplaced, bad mode)", len(q))
 	}
 	// A newer daemon's record is valid, just not ours: it stays in place
 	// for that daemon, and asking for it says what to do.
@@ -151,7 +151,7 @@ func TestStoreReloadAndQuarantine(t *testing.T) {
 		t.Errorf("Get of a newer-format record = %v, %v; want an error saying to upgrade", r, err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, ".tmp-"+fileName("pod-f")+"-123")); !os.IsNotExist(err) {
-		t.Error("stale temp file survived OpenStore")
+		t.Error("stale temp file survived Open")
 	}
 	if _, err := os.Stat(filepath.Join(dir, "README")); err != nil {
 		t.Error("a foreign file was touched")
@@ -186,14 +186,14 @@ func TestStoreReloadAndQuarantine(t *testing.T) {
 func TestSameIntentIgnoresTimestamps(t *testing.T) {
 	a, b := testRecord("p"), testRecord("p")
 	b.UpdatedAt = b.UpdatedAt.Add(time.Hour)
-	if !sameIntent(a, b) {
+	if !SameIntent(a, b) {
 		t.Error("timestamps must not count as a change")
 	}
 	b.PodIPs = []string{"10.0.0.9"}
-	if sameIntent(a, b) {
+	if SameIntent(a, b) {
 		t.Error("changed IPs must count as a change")
 	}
-	if sameIntent(nil, a) {
+	if SameIntent(nil, a) {
 		t.Error("a new record is a change")
 	}
 

@@ -1,4 +1,4 @@
-package server
+package state
 
 import (
 	"errors"
@@ -12,9 +12,9 @@ import (
 	"github.com/nftredir/nftredir/nft"
 )
 
-// recordVersion is written into every record; a daemon refuses records of
+// Version is written into every record; a daemon refuses records of
 // a newer version instead of misreading them.
-const recordVersion = 1
+const Version = 1
 
 // Record is the durable intent for one pod: everything needed to rebuild
 // its ruleset and routing after a restart, without the caller.
@@ -95,15 +95,15 @@ type Routing struct {
 	Priority int    `json:"priority"`
 }
 
-func routingRecord(r netns.Routing) Routing {
+func RoutingOf(r netns.Routing) Routing {
 	return Routing{Mark: r.Mark, Mask: r.Mask, Table: r.Table, Priority: r.Priority}
 }
 
-func (r Routing) netns() netns.Routing {
+func (r Routing) Netns() netns.Routing {
 	return netns.Routing{Mark: r.Mark, Mask: r.Mask, Table: r.Table, Priority: r.Priority}
 }
 
-func specRecord(s nft.Spec) SpecRecord {
+func SpecOf(s nft.Spec) SpecRecord {
 	r := SpecRecord{
 		Mode:                 s.Mode.String(),
 		OutboundPort:         s.OutboundPort,
@@ -137,7 +137,7 @@ func specRecord(s nft.Spec) SpecRecord {
 }
 
 // spec rebuilds the nft.Spec for podUID.
-func (r SpecRecord) spec(podUID string) (nft.Spec, error) {
+func (r SpecRecord) Spec(podUID string) (nft.Spec, error) {
 	mode, err := nft.ParseMode(r.Mode)
 	if err != nil {
 		return nft.Spec{}, err
@@ -188,8 +188,8 @@ func (r SpecRecord) spec(podUID string) (nft.Spec, error) {
 }
 
 // ruleset builds the pod's ruleset from the record.
-func (r *Record) ruleset() (*nft.Ruleset, error) {
-	s, err := r.Spec.spec(r.PodUID)
+func (r *Record) Ruleset() (*nft.Ruleset, error) {
+	s, err := r.Spec.Spec(r.PodUID)
 	if err != nil {
 		return nil, fmt.Errorf("record of pod %s: %w", r.PodUID, err)
 	}
@@ -197,30 +197,30 @@ func (r *Record) ruleset() (*nft.Ruleset, error) {
 }
 
 // netnsID parses the recorded namespace identity.
-func (r *Record) netnsID() (netns.ID, error) { return netns.ParseID(r.NetnsID) }
+func (r *Record) NamespaceID() (netns.ID, error) { return netns.ParseID(r.NetnsID) }
 
 // check rejects a record that cannot be acted on; such records are set
 // aside rather than half-applied.
-func (r *Record) check() error {
+func (r *Record) Check() error {
 	var errs []error
-	if r.Version < 1 || r.Version > recordVersion {
-		errs = append(errs, fmt.Errorf("record version %d is not supported (this daemon reads 1..%d)", r.Version, recordVersion))
+	if r.Version < 1 || r.Version > Version {
+		errs = append(errs, fmt.Errorf("record version %d is not supported (this daemon reads 1..%d)", r.Version, Version))
 	}
-	if err := checkPodUID(r.PodUID); err != nil {
+	if err := CheckPodUID(r.PodUID); err != nil {
 		errs = append(errs, err)
 	}
 	if !filepath.IsAbs(r.NetnsPath) {
 		errs = append(errs, fmt.Errorf("netns path %q is not absolute", r.NetnsPath))
 	}
-	if id, err := r.netnsID(); err != nil {
+	if id, err := r.NamespaceID(); err != nil {
 		errs = append(errs, err)
 	} else if id.IsZero() {
 		errs = append(errs, errors.New("netns id is zero"))
 	}
-	if _, err := r.ruleset(); err != nil {
+	if _, err := r.Ruleset(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := r.Routing.netns().Validate(); err != nil {
+	if err := r.Routing.Netns().Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -228,12 +228,12 @@ func (r *Record) check() error {
 
 // sameIntent reports whether two records ask for the same enrolment,
 // ignoring timestamps; a re-apply with the same intent is not an event.
-func sameIntent(a, b *Record) bool {
+func SameIntent(a, b *Record) bool {
 	if a == nil || b == nil {
 		return a == b
 	}
 	x, y := *a, *b
 	x.EnrolledAt, x.UpdatedAt = time.Time{}, time.Time{}
 	y.EnrolledAt, y.UpdatedAt = time.Time{}, time.Time{}
-	return equalJSON(&x, &y)
+	return EqualJSON(&x, &y)
 }

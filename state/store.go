@@ -1,4 +1,4 @@
-package server
+package state
 
 import (
 	"bytes"
@@ -32,13 +32,13 @@ type Store struct {
 
 const (
 	recordSuffix  = ".json"
-	quarantineDir = "quarantine"
+	QuarantineDir = "quarantine"
 )
 
-// OpenStore opens (creating if needed) the state directory and removes
+// Open opens (creating if needed) the state directory and removes
 // temp files left by writes that never completed, which were never
 // acknowledged to anyone.
-func OpenStore(dir string, log hclog.Logger) (*Store, error) {
+func Open(dir string, log hclog.Logger) (*Store, error) {
 	if !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("state dir %q must be absolute", dir)
 	}
@@ -83,7 +83,7 @@ func isRecordName(name string) bool {
 }
 
 // Get returns the pod's record, or nil if there is none. A corrupt record
-// is quarantined and reported as absent.
+// is Quarantined and reported as absent.
 func (s *Store) Get(podUID string) (*Record, error) {
 	name := fileName(podUID)
 	r, err := s.read(name)
@@ -101,7 +101,7 @@ func (s *Store) Get(podUID string) (*Record, error) {
 	return r, nil
 }
 
-// List returns every record. Corrupt ones are quarantined and skipped,
+// List returns every record. Corrupt ones are Quarantined and skipped,
 // ones of a newer format skipped; a directory or file that cannot be read
 // is an error, so nothing is mistaken for a released pod.
 func (s *Store) List() ([]*Record, error) {
@@ -116,7 +116,7 @@ func (s *Store) List() ([]*Record, error) {
 		}
 		r, err := s.read(e.Name())
 		var ce *corruptError
-		var ne *newerError
+		var ne *NewerError
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
 			// Removed since ReadDir: released concurrently.
@@ -148,14 +148,14 @@ func (s *Store) Count() (int, error) {
 	return n, nil
 }
 
-// newerError marks a record of a newer format than this daemon reads.
-type newerError struct {
+// NewerError marks a record of a newer format than this daemon reads.
+type NewerError struct {
 	file    string
 	version int
 }
 
-func (e *newerError) Error() string {
-	return fmt.Sprintf("record %s has format version %d; this nftredird reads up to %d: upgrade it", e.file, e.version, recordVersion)
+func (e *NewerError) Error() string {
+	return fmt.Sprintf("record %s has format version %d; this nftredird reads up to %d: upgrade it", e.file, e.version, Version)
 }
 
 // corruptError marks a record that exists but cannot be used.
@@ -187,12 +187,12 @@ func decodeRecord(path, name string, data []byte) (*Record, error) {
 	if err := json.Unmarshal(data, &r); err != nil {
 		return nil, &corruptError{file: path, err: err}
 	}
-	if r.Version > recordVersion {
+	if r.Version > Version {
 		// Written by a newer daemon (after a rollback): valid, just not
 		// ours to read. Left in place for that daemon to find again.
-		return nil, &newerError{file: path, version: r.Version}
+		return nil, &NewerError{file: path, version: r.Version}
 	}
-	if err := r.check(); err != nil {
+	if err := r.Check(); err != nil {
 		return nil, &corruptError{file: path, err: err}
 	}
 	if fileName(r.PodUID) != name {
@@ -204,7 +204,7 @@ func decodeRecord(path, name string, data []byte) (*Record, error) {
 // quarantine moves an unusable record aside so that it is reported once,
 // kept for a person to inspect, and never acted on.
 func (s *Store) quarantine(name string, cause error) {
-	qdir := filepath.Join(s.dir, quarantineDir)
+	qdir := filepath.Join(s.dir, QuarantineDir)
 	dst := filepath.Join(qdir, fmt.Sprintf("%s.%s", name, time.Now().UTC().Format("20060102T150405.000000000Z")))
 	err := os.MkdirAll(qdir, 0o700)
 	if err == nil {
@@ -243,8 +243,13 @@ func (s *Store) Delete(podUID string) error {
 	return nil
 }
 
-func equalJSON(a, b any) bool {
+func EqualJSON(a, b any) bool {
 	x, err1 := json.Marshal(a)
 	y, err2 := json.Marshal(b)
 	return err1 == nil && err2 == nil && bytes.Equal(x, y)
+}
+
+// RecordPath is the file that holds (or would hold) the pod's record.
+func (s *Store) RecordPath(podUID string) string {
+	return filepath.Join(s.dir, fileName(podUID))
 }
