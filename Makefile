@@ -73,7 +73,7 @@ CI_FUZZTIME ?= 5s
 # FUZZFLAGS passes more go test flags, e.g. -parallel=1 on a shared machine.
 FUZZFLAGS ?=
 FUZZ_TARGETS := \
-	./server:FuzzValidateAdd \
+	./lifecycle:FuzzValidateAdd \
 	./state:FuzzRecordDecode \
 	./cmd/nftredir-cni/internal/plugin:FuzzParseConf \
 	./cmd/nftredir-cni/internal/plugin:FuzzParseIdentity \

@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -28,16 +26,16 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/netns"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
-	"github.com/nftredir/nftredir/server"
 )
 
-// Enroller is what the agent needs of the daemon's server: enrol and
+// Enroller is what the agent needs of the daemon's lifecycle engine: enrol and
 // release without the readiness gate, and read what is enrolled.
-// *server.Server is one.
+// *lifecycle.Manager is one.
 type Enroller interface {
-	Enrol(ctx context.Context, req *nftredirv1.AddPodRequest) (*nftredirv1.AddPodResponse, error)
+	AddPod(ctx context.Context, req *nftredirv1.AddPodRequest) (*nftredirv1.AddPodResponse, error)
 	Release(ctx context.Context, uid string) (bool, error)
 	Enrolled(uid string) (*nftredirv1.Pod, error)
 	EnrolledUIDs() ([]string, error)
@@ -99,7 +97,7 @@ type Agent struct {
 	applied sync.Map
 }
 
-var _ server.Policy = (*Agent)(nil)
+var _ lifecycle.Policy = (*Agent)(nil)
 
 const uidIndex = "uid"
 
@@ -343,8 +341,8 @@ func (a *Agent) work(ctx context.Context) {
 
 // isFinal: errors no retry of the same request can fix.
 func isFinal(err error) bool {
-	switch status.Code(err) {
-	case codes.InvalidArgument, codes.FailedPrecondition:
+	switch lifecycle.Classify(err).Kind {
+	case lifecycle.KindInvalid, lifecycle.KindPrecondition:
 		return true
 	}
 	return false
@@ -411,10 +409,10 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 			return a.annotate(ctx, pod, true)
 		}
 		a.own.Store(uid, struct{}{})
-		resp, err := a.enr.Enrol(withAgent(ctx), seen.request())
+		resp, err := a.enr.AddPod(withAgent(ctx), seen.request())
 		a.own.Delete(uid)
 		if err != nil {
-			if status.Code(err) == codes.FailedPrecondition && rec == nil {
+			if lifecycle.Classify(err).Kind == lifecycle.KindPrecondition && rec == nil {
 				// The remembered path no longer leads to the pod's
 				// namespace: only a new sandbox can tell us the new one.
 				_ = a.seen.forget(uid)
@@ -494,7 +492,7 @@ func (a *Agent) getPod(ctx context.Context, ns, name, uid string) (*corev1.Pod, 
 	case apierrors.IsNotFound(err):
 		return nil, nil
 	case err != nil:
-		return nil, status.Errorf(codes.Unavailable, "look up pod %s/%s in the Kubernetes API: %v; retry", ns, name, err)
+		return nil, lifecycle.Errorf(lifecycle.KindUnavailable, "look up pod %s/%s in the Kubernetes API: %v; retry", ns, name, err)
 	case !samePod(pod, uid) || pod.Spec.NodeName != a.node:
 		return nil, nil
 	}
@@ -520,7 +518,7 @@ func (a *Agent) getNamespace(ctx context.Context, name string) (*corev1.Namespac
 	case apierrors.IsNotFound(err):
 		return nil, nil
 	case err != nil:
-		return nil, status.Errorf(codes.Unavailable, "look up namespace %s in the Kubernetes API: %v; retry", name, err)
+		return nil, lifecycle.Errorf(lifecycle.KindUnavailable, "look up namespace %s in the Kubernetes API: %v; retry", name, err)
 	}
 	return ns, nil
 }
@@ -553,19 +551,19 @@ func withAgent(ctx context.Context) context.Context { return context.WithValue(c
 
 func fromAgent(ctx context.Context) bool { v, _ := ctx.Value(agentKey{}).(bool); return v }
 
-// Admit is the policy for one AddPod (server.Policy).
-func (a *Agent) Admit(ctx context.Context, req *nftredirv1.AddPodRequest, id netns.ID) (server.Admission, error) {
+// Admit is the policy for one AddPod (lifecycle.Policy).
+func (a *Agent) Admit(ctx context.Context, req *nftredirv1.AddPodRequest, id netns.ID) (lifecycle.Admission, error) {
 	uid := req.GetPodUid()
 	pod, err := a.podFor(ctx, req)
 	if err != nil {
-		return server.Admission{}, err
+		return lifecycle.Admission{}, err
 	}
 	if pod == nil {
-		return server.Admission{NotCaptured: fmt.Sprintf("pod %s/%s (uid %s) is not on node %s in the Kubernetes API", req.GetPodNamespace(), req.GetPodName(), uid, a.node)}, nil
+		return lifecycle.Admission{NotCaptured: fmt.Sprintf("pod %s/%s (uid %s) is not on node %s in the Kubernetes API", req.GetPodNamespace(), req.GetPodName(), uid, a.node)}, nil
 	}
 	if fromAgent(ctx) {
 		if s := a.seen.get(uid); s == nil || s.NetnsID != id.String() {
-			return server.Admission{}, status.Errorf(codes.FailedPrecondition, "pod %s/%s: %s now names another namespace than the pod's sandbox; its next sandbox enrols it", pod.Namespace, pod.Name, req.GetNetnsPath())
+			return lifecycle.Admission{}, lifecycle.Errorf(lifecycle.KindPrecondition, "pod %s/%s: %s now names another namespace than the pod's sandbox; its next sandbox enrols it", pod.Namespace, pod.Name, req.GetNetnsPath())
 		}
 	} else {
 		v := sighting{PodUID: uid, Namespace: pod.Namespace, Name: pod.Name, NetnsPath: req.GetNetnsPath(), NetnsID: id.String(), PodIPs: req.GetPodIps(), SeenAt: time.Now().UTC()}
@@ -573,19 +571,19 @@ func (a *Agent) Admit(ctx context.Context, req *nftredirv1.AddPodRequest, id net
 			v.Options, _ = proto.Marshal(req.GetOptions())
 		}
 		if err := a.seen.put(v); err != nil {
-			return server.Admission{}, status.Errorf(codes.Unavailable, "%v", err)
+			return lifecycle.Admission{}, lifecycle.Errorf(lifecycle.KindUnavailable, "%v", err)
 		}
 	}
 	ns, err := a.getNamespace(ctx, pod.Namespace)
 	if err != nil {
-		return server.Admission{}, err
+		return lifecycle.Admission{}, err
 	}
 	if want, why := a.sel.Captured(pod, ns); !want {
-		return server.Admission{NotCaptured: why}, nil
+		return lifecycle.Admission{NotCaptured: why}, nil
 	}
 	opts, err := Options(pod.Annotations, req.GetOptions())
 	if err != nil {
-		return server.Admission{}, status.Errorf(codes.InvalidArgument, "pod %s/%s: %v", pod.Namespace, pod.Name, err)
+		return lifecycle.Admission{}, lifecycle.Errorf(lifecycle.KindInvalid, "pod %s/%s: %v", pod.Namespace, pod.Name, err)
 	}
 	out := proto.Clone(req).(*nftredirv1.AddPodRequest)
 	out.PodName, out.PodNamespace, out.Options = pod.Name, pod.Namespace, opts
@@ -599,7 +597,7 @@ func (a *Agent) Admit(ctx context.Context, req *nftredirv1.AddPodRequest, id net
 			out.PodIps = append(out.PodIps, ip.IP)
 		}
 	}
-	return server.Admission{Request: out}, nil
+	return lifecycle.Admission{Request: out}, nil
 }
 
 // podFor finds the request's pod: by namespace and name (what CNI_ARGS
@@ -611,7 +609,7 @@ func (a *Agent) podFor(ctx context.Context, req *nftredirv1.AddPodRequest) (*cor
 		if pod := a.cachedPodByUID(uid); pod != nil {
 			return pod, nil
 		}
-		return nil, status.Errorf(codes.FailedPrecondition, "pod_uid %s is not a pod on node %s; in Kubernetes mode give pod_namespace and pod_name too", uid, a.node)
+		return nil, lifecycle.Errorf(lifecycle.KindPrecondition, "pod_uid %s is not a pod on node %s; in Kubernetes mode give pod_namespace and pod_name too", uid, a.node)
 	}
 	if pod, err := a.podList.Pods(ns).Get(name); err == nil && samePod(pod, uid) {
 		return pod, nil
@@ -624,7 +622,7 @@ func (a *Agent) podFor(ctx context.Context, req *nftredirv1.AddPodRequest) (*cor
 }
 
 // Added shows a failed enrolment on the pod and queues the pod so that
-// its annotation follows the outcome (server.Policy).
+// its annotation follows the outcome (lifecycle.Policy).
 func (a *Agent) Added(req *nftredirv1.AddPodRequest, captured bool, err error) {
 	if err != nil && req.GetPodNamespace() != "" && req.GetPodName() != "" {
 		reason := "CaptureFailed"
@@ -632,7 +630,7 @@ func (a *Agent) Added(req *nftredirv1.AddPodRequest, captured bool, err error) {
 			reason = "CaptureRefused"
 		}
 		ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: req.GetPodNamespace(), Name: req.GetPodName(), UID: types.UID(req.GetPodUid())}
-		a.events.Eventf(ref, corev1.EventTypeWarning, reason, "nftredir cannot capture the pod's traffic: %s", status.Convert(err).Message())
+		a.events.Eventf(ref, corev1.EventTypeWarning, reason, "nftredir cannot capture the pod's traffic: %s", lifecycle.Classify(err).Error())
 	}
 	// After an AddPod of the runtime's, sync annotates the pod; the
 	// agent's own enrolments are already inside a sync that does.
@@ -642,7 +640,7 @@ func (a *Agent) Added(req *nftredirv1.AddPodRequest, captured bool, err error) {
 }
 
 // Removed forgets the pod's namespace: its sandbox is going away
-// (server.Policy).
+// (lifecycle.Policy).
 func (a *Agent) Removed(uid string) {
 	a.applied.Delete(uid)
 	if err := a.seen.forget(uid); err != nil {

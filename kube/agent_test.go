@@ -16,7 +16,7 @@ import (
 )
 
 // fakeEnroller keeps the server's side of the contract the agent relies
-// on: Enrol runs the policy's Admit and then reports to Added, for the
+// on: AddPod runs the policy's Admit and then reports to Added, for the
 // runtime's AddPods and the agent's own enrolments alike.
 type fakeEnroller struct {
 	a           *Agent
@@ -27,7 +27,7 @@ type fakeEnroller struct {
 
 var fakeID = netns.ID{Dev: 4, Ino: 4026530000}
 
-func (e *fakeEnroller) Enrol(ctx context.Context, req *nftredirv1.AddPodRequest) (*nftredirv1.AddPodResponse, error) {
+func (e *fakeEnroller) AddPod(ctx context.Context, req *nftredirv1.AddPodRequest) (*nftredirv1.AddPodResponse, error) {
 	if fromAgent(ctx) {
 		e.agentEnrols.Add(1)
 	}
@@ -102,7 +102,7 @@ func startMeshAgent(t *testing.T) (*fake.Clientset, *Agent, *fakeEnroller, conte
 func enrolByCNI(ctx context.Context, t *testing.T, cs *fake.Clientset, e *fakeEnroller) {
 	t.Helper()
 	req := &nftredirv1.AddPodRequest{PodUid: "uid-web", PodName: "web", PodNamespace: "mesh", NetnsPath: "/run/netns/web"}
-	if resp, err := e.Enrol(ctx, req); err != nil || resp.GetNotCapturedReason() != "" {
+	if resp, err := e.AddPod(ctx, req); err != nil || resp.GetNotCapturedReason() != "" {
 		t.Fatalf("Enrol: %v %v", resp, err)
 	}
 	waitFor(t, "the annotation", func() bool {

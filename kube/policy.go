@@ -6,7 +6,7 @@
 // outcome on the pod (an annotation, Events).
 //
 // Only the daemon's wiring imports it; the server knows it only as a
-// server.Policy.
+// lifecycle.Policy.
 package kube
 
 import (

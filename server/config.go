@@ -1,13 +1,12 @@
-// Package server is nftredird's gRPC service: it validates requests, keeps
-// one durable record per enrolled pod, programs pod namespaces through nft
-// and netns under a per-pod lock, and reconciles records with the kernel.
+// Package server is nftredird's gRPC service over the lifecycle engine:
+// the socket's peer-credential allowlist, connection and watch limits,
+// health and reflection, the readiness gate, the periodic reconcile, and
+// the one mapping of the engine's errors to gRPC codes.
 package server
 
 import (
 	"context"
 	"errors"
-	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,27 +14,15 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 
-	"github.com/nftredir/nftredir/netns"
-	"github.com/nftredir/nftredir/nft"
+	"github.com/nftredir/nftredir/lifecycle"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
-	"github.com/nftredir/nftredir/state"
 )
 
 // Config is everything New needs. Zero values take the documented
 // defaults where one exists.
 type Config struct {
-	// Guard opens and vets caller-supplied namespace paths. Required.
-	Guard *netns.Guard
-	// Applier programs rulesets. Required; nft.NewNetlink() in the daemon.
-	Applier nft.Applier
-	// StateDir holds one record per enrolled pod. Required, absolute.
-	StateDir string
-	// Routing is the policy routing installed with each pod. Its mark must
-	// equal Defaults.TProxyMark. Zero: netns.DefaultRouting().
-	Routing netns.Routing
-	// Defaults supplies every option a request leaves unset (PodID and the
-	// exclusion lists are ignored). Zero: nft.DefaultSpec.
-	Defaults *nft.Spec
+	// Pods is the lifecycle engine the API serves. Required.
+	Pods *lifecycle.Manager
 	// Logger is the server's logger; the daemon passes root.Named("server").
 	Logger hclog.Logger
 	// AllowUIDs and AllowGIDs may call the API besides root.
@@ -44,8 +31,6 @@ type Config struct {
 	// ReconcileInterval is the period of the background reconcile.
 	// Zero: 30s. Negative: no periodic reconcile (startup only).
 	ReconcileInterval time.Duration
-	// ReconcileWorkers bounds parallel reconcile work. Zero: 8.
-	ReconcileWorkers int
 	// Reflection registers gRPC server reflection, for grpcurl.
 	Reflection bool
 	// UnaryInterceptors and StreamInterceptors run outermost, before
@@ -53,60 +38,28 @@ type Config struct {
 	// daemon's call metrics).
 	UnaryInterceptors  []grpc.UnaryServerInterceptor
 	StreamInterceptors []grpc.StreamServerInterceptor
-	// OnReconcile, when set, hears the outcome and duration of every
-	// completed reconcile pass, the startup one included.
-	OnReconcile func(ReconcileResult, time.Duration)
-	// ZDS, when set, is told about every enrolment and release, so a node
-	// proxy following ZDS (ztunnel) gets each pod's namespace. Leave it nil
-	// to serve no ZDS: a nil *zds.Server in this field is not nil.
-	ZDS ZDS
-	// ZDSRequireAck makes AddPod wait for the node proxy's ack, and fail
-	// with Unavailable (the pod staying enrolled) without one.
-	ZDSRequireAck bool
-	// Probe, when set, keeps the node's probe SNAT table true to the
-	// enrolled pods' addresses. Nil: no node table.
-	Probe ProbeTable
 	// Limits bound connections and watches; zero fields take defaults.
 	Limits Limits
 	// BeforeServing runs once after the startup reconcile and before
 	// health turns SERVING; an error stops Run. The daemon starts serving
 	// ZDS there, so a proxy's first snapshot is the reconciled set.
 	BeforeServing func(context.Context) error
-	// Policy, when set, decides which pods AddPod captures (Kubernetes
-	// mode). Nil: every AddPod is captured as requested.
-	Policy Policy
 }
 
 // Server implements nftredir.v1.RedirectService.
 type Server struct {
 	nftredirv1.UnimplementedRedirectServiceServer
 
-	guard    *netns.Guard
-	applier  nft.Applier
-	store    *state.Store
-	routing  netns.Routing
-	defaults nft.Spec
+	pods     *lifecycle.Manager
 	log      hclog.Logger
 	allow    allowList
 	interval time.Duration
-	workers  int
 	reflect  bool
 
 	unaryInterceptors  []grpc.UnaryServerInterceptor
 	streamInterceptors []grpc.StreamServerInterceptor
-	onReconcile        func(ReconcileResult, time.Duration)
+	beforeServing      func(context.Context) error
 
-	zds           ZDS
-	zdsRequireAck bool
-	probe         ProbeTable
-	// probeMu: see lockProbe.
-	probeMu       sync.RWMutex
-	beforeServing func(context.Context) error
-	policy        Policy
-
-	locks  *podLocks
-	owners *owners
-	watch  *broadcaster
 	health *health.Server
 	// conns and watchers count open API connections and WatchPods
 	// streams against Config.Limits.
@@ -114,101 +67,36 @@ type Server struct {
 	ready           atomic.Bool
 }
 
-// New checks cfg, opens the state store and loads the ownership index. It
-// does not reconcile; Run (or a direct Reconcile) does.
+// New checks cfg. It does not reconcile; Run does.
 func New(cfg Config) (*Server, error) {
-	if cfg.Guard == nil {
-		return nil, errors.New("server config: Guard is required")
-	}
-	if cfg.Applier == nil {
-		return nil, errors.New("server config: Applier is required")
-	}
-	if cfg.ZDSRequireAck && cfg.ZDS == nil {
-		return nil, errors.New("server config: ZDSRequireAck without ZDS")
+	if cfg.Pods == nil {
+		return nil, errors.New("server config: Pods is required")
 	}
 	log := cfg.Logger
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	routing := cfg.Routing
-	if routing == (netns.Routing{}) {
-		routing = netns.DefaultRouting()
-	}
-	if err := routing.Validate(); err != nil {
-		return nil, fmt.Errorf("server config: %w", err)
-	}
-	defaults := nft.DefaultSpec("")
-	if cfg.Defaults != nil {
-		defaults = *cfg.Defaults
-	}
-	defaults.PodID = ""
-	defaults.ExcludeInboundPorts, defaults.ExcludeOutboundPorts, defaults.ExcludeOutboundCIDRs = nil, nil, nil
-	probe := defaults
-	probe.PodID = "config-check"
-	if err := probe.Validate(); err != nil {
-		return nil, fmt.Errorf("server config: defaults: %w", err)
-	}
-	if routing.Mark != defaults.TProxyMark.Value || routing.Mask != defaults.TProxyMark.Mask {
-		// Replies restored to the tproxy mark must hit our routing rule,
-		// or inbound capture silently blackholes.
-		return nil, fmt.Errorf("server config: routing mark %#x/%#x differs from the tproxy mark %#x/%#x",
-			routing.Mark, routing.Mask, defaults.TProxyMark.Value, defaults.TProxyMark.Mask)
-	}
-	store, err := state.Open(cfg.StateDir, log.Named("store"))
-	if err != nil {
-		return nil, fmt.Errorf("server config: %w", err)
-	}
 	interval := cfg.ReconcileInterval
 	if interval == 0 {
 		interval = 30 * time.Second
 	}
-	workers := cfg.ReconcileWorkers
-	if workers <= 0 {
-		workers = 8
-	}
 	s := &Server{
-		guard:         cfg.Guard,
-		applier:       cfg.Applier,
-		store:         store,
-		routing:       routing,
-		defaults:      defaults,
+		pods:          cfg.Pods,
 		log:           log,
 		allow:         newAllowList(cfg.AllowUIDs, cfg.AllowGIDs),
 		interval:      interval,
-		workers:       workers,
 		reflect:       cfg.Reflection,
-		zds:           cfg.ZDS,
-		zdsRequireAck: cfg.ZDSRequireAck,
-		probe:         cfg.Probe,
 		beforeServing: cfg.BeforeServing,
-		policy:        cfg.Policy,
-		locks:         newPodLocks(),
-		owners:        newOwners(),
-		watch:         newBroadcaster(),
 		health:        health.NewServer(),
 	}
 	limits := cfg.Limits.withDefaults()
 	s.conns = newCounter(limits.MaxConnections, limits.MaxConnectionsPerUID)
 	s.watchers = newCounter(limits.MaxWatchers, limits.MaxWatchersPerUID)
 	s.unaryInterceptors, s.streamInterceptors = cfg.UnaryInterceptors, cfg.StreamInterceptors
-	s.onReconcile = cfg.OnReconcile
-	records, err := store.List()
-	if err != nil {
-		return nil, fmt.Errorf("load records: %w", err)
-	}
-	s.owners.load(records, log)
-	log.Info("state loaded", "dir", store.Dir(), "pods", len(records))
 	s.setServing(false)
 	return s, nil
 }
 
-// now is the timestamp for records: UTC, so records read the same on any
-// node.
-func (s *Server) now() time.Time { return time.Now().UTC() }
-
 // Ready reports whether the server is SERVING: its startup reconcile (and
 // BeforeServing) are done and it is not stopping.
 func (s *Server) Ready() bool { return s.ready.Load() }
-
-// EnrolledPods counts the records, without reading them.
-func (s *Server) EnrolledPods() (int, error) { return s.store.Count() }

@@ -14,7 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftredir/nftredir/capture"
 	"github.com/nftredir/nftredir/internal/syncbuf"
+	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/state"
 
 	"github.com/hashicorp/go-hclog"
@@ -118,6 +120,8 @@ type testServer struct {
 	srv    *Server
 	socket string
 	dir    string
+	pods   *lifecycle.Manager
+	guard  *netns.Guard
 	conn   *grpc.ClientConn
 	api    nftredirv1.RedirectServiceClient
 	health healthgrpc.HealthClient
@@ -125,11 +129,21 @@ type testServer struct {
 	stop   func()
 }
 
-// serverOpt adjusts the Config before the server starts.
-type serverOpt func(*Config)
+// testConfig is everything a test server is made of: the server's
+// Config, the lifecycle engine's, and the kernel engine's parts.
+type testConfig struct {
+	Config
+	Pods     lifecycle.Config
+	Guard    *netns.Guard
+	Applier  nft.Applier
+	StateDir string
+}
 
-func withApplier(a nft.Applier) serverOpt { return func(c *Config) { c.Applier = a } }
-func withStateDir(d string) serverOpt     { return func(c *Config) { c.StateDir = d } }
+// serverOpt adjusts the testConfig before the server starts.
+type serverOpt func(*testConfig)
+
+func withApplier(a nft.Applier) serverOpt { return func(c *testConfig) { c.Applier = a } }
+func withStateDir(d string) serverOpt     { return func(c *testConfig) { c.StateDir = d } }
 
 // startServer runs a server and waits for it to serve unless wait is false.
 func startServer(t *testing.T, wait bool, opts ...serverOpt) *testServer {
@@ -141,22 +155,33 @@ func startServer(t *testing.T, wait bool, opts ...serverOpt) *testServer {
 		t.Fatal(err)
 	}
 	logs := &syncbuf.Buffer{}
-	cfg := Config{
-		Guard:             guard,
-		Applier:           nft.NewNetlink(),
-		StateDir:          filepath.Join(dir, "pods"),
-		Logger:            hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug}),
-		ReconcileInterval: -1,
-		Reflection:        true,
+	log := hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug})
+	cfg := testConfig{
+		Config:   Config{Logger: log, ReconcileInterval: -1, Reflection: true},
+		Pods:     lifecycle.Config{Logger: log},
+		Guard:    guard,
+		Applier:  nft.NewNetlink(),
+		StateDir: filepath.Join(dir, "pods"),
 	}
 	for _, o := range opts {
 		o(&cfg)
 	}
-	srv, err := New(cfg)
+	store, err := state.Open(cfg.StateDir, log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := &testServer{srv: srv, dir: dir, socket: filepath.Join(dir, "nftredir.sock"), logs: logs}
+	cfg.Pods.Store = store
+	cfg.Pods.Engine = capture.NewKernel(cfg.Guard, cfg.Applier)
+	pods, err := lifecycle.New(cfg.Pods)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Config.Pods = pods
+	srv, err := New(cfg.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := &testServer{srv: srv, pods: pods, guard: cfg.Guard, dir: dir, socket: filepath.Join(dir, "nftredir.sock"), logs: logs}
 	lis, err := net.Listen("unix", ts.socket)
 	if err != nil {
 		t.Fatal(err)
@@ -240,7 +265,7 @@ func (ts *testServer) get(t *testing.T, uid string) *nftredirv1.GetPodResponse {
 
 func (ts *testServer) records(t *testing.T) []*state.Record {
 	t.Helper()
-	recs, err := ts.srv.store.List()
+	recs, err := ts.pods.Store().List()
 	if err != nil {
 		t.Fatal(err)
 	}

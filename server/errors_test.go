@@ -11,7 +11,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/netns"
+	"github.com/nftredir/nftredir/state"
 )
 
 func TestToStatus(t *testing.T) {
@@ -21,17 +23,23 @@ func TestToStatus(t *testing.T) {
 		err  error
 		want codes.Code
 	}{
-		{"not absolute", &openPathError{wrap(netns.ErrNotAbsolute)}, codes.InvalidArgument},
-		{"missing", &openPathError{wrap(netns.ErrNotExist)}, codes.FailedPrecondition},
-		{"not netns", &openPathError{wrap(netns.ErrNotNetns)}, codes.FailedPrecondition},
-		{"host netns", &openPathError{wrap(netns.ErrHostNetns)}, codes.FailedPrecondition},
-		{"no access", &openPathError{wrap(netns.ErrNoAccess)}, codes.FailedPrecondition},
-		{"hung mount", &openPathError{wrap(netns.ErrTimeout)}, codes.Unavailable},
-		{"in use", netnsInUse("/run/netns/x", netns.ID{Dev: 4, Ino: 9}, "other"), codes.FailedPrecondition},
-		{"socket at path", &openPathError{wrap(unix.ENXIO)}, codes.FailedPrecondition},
-		{"symlink loop", &openPathError{wrap(unix.ELOOP)}, codes.FailedPrecondition},
+		{"not absolute", &lifecycle.OpenPathError{Err: wrap(netns.ErrNotAbsolute)}, codes.InvalidArgument},
+		{"missing", &lifecycle.OpenPathError{Err: wrap(netns.ErrNotExist)}, codes.FailedPrecondition},
+		{"not netns", &lifecycle.OpenPathError{Err: wrap(netns.ErrNotNetns)}, codes.FailedPrecondition},
+		{"host netns", &lifecycle.OpenPathError{Err: wrap(netns.ErrHostNetns)}, codes.FailedPrecondition},
+		{"no access", &lifecycle.OpenPathError{Err: wrap(netns.ErrNoAccess)}, codes.FailedPrecondition},
+		{"hung mount", &lifecycle.OpenPathError{Err: wrap(netns.ErrTimeout)}, codes.Unavailable},
+		{"in use", fmt.Errorf("netns_path /run/netns/x: %w", lifecycle.ErrNetnsInUse), codes.FailedPrecondition},
+		// A record of a newer daemon is this daemon's problem, not the
+		// caller's namespace: the CNI plugin must not report the path.
+		{"newer record", wrap(&state.NewerError{}), codes.Internal},
+		{"invalid kind", lifecycle.Errorf(lifecycle.KindInvalid, "bad"), codes.InvalidArgument},
+		{"not found kind", lifecycle.Errorf(lifecycle.KindNotFound, "gone"), codes.NotFound},
+		{"unavailable kind", wrap(lifecycle.Errorf(lifecycle.KindUnavailable, "later")), codes.Unavailable},
+		{"socket at path", &lifecycle.OpenPathError{Err: wrap(unix.ENXIO)}, codes.FailedPrecondition},
+		{"symlink loop", &lifecycle.OpenPathError{Err: wrap(unix.ELOOP)}, codes.FailedPrecondition},
 		{"ELOOP outside open is a fault", wrap(unix.ELOOP), codes.Internal},
-		{"fd exhaustion opening", &openPathError{wrap(unix.EMFILE)}, codes.Unavailable},
+		{"fd exhaustion opening", &lifecycle.OpenPathError{Err: wrap(unix.EMFILE)}, codes.Unavailable},
 		{"netlink busy", wrap(unix.EBUSY), codes.Unavailable},
 		{"netlink buffers", wrap(unix.ENOBUFS), codes.Unavailable},
 		{"unknown kernel error", wrap(unix.EPROTO), codes.Internal},
@@ -53,5 +61,16 @@ func TestToStatus(t *testing.T) {
 	}
 	if toStatus(nil) != nil {
 		t.Error("nil must stay nil")
+	}
+}
+
+// TestEveryKindHasACode: a kind added to the engine without a code here
+// would reach callers as OK.
+func TestEveryKindHasACode(t *testing.T) {
+	for k := lifecycle.KindInternal; k <= lifecycle.KindDeadlineExceeded; k++ {
+		c, ok := kindCodes[k]
+		if !ok || c == codes.OK {
+			t.Errorf("kind %d has no code", k)
+		}
 	}
 }

@@ -163,7 +163,7 @@ func (s *Server) Run(ctx context.Context, lis net.Listener, shutdownTimeout time
 // returned: serving without knowing the enrolled pods would acknowledge
 // requests against a state we cannot see.
 func (s *Server) reconcileLoop(ctx context.Context) error {
-	if _, err := s.Reconcile(ctx); err != nil {
+	if _, err := s.pods.Reconcile(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -193,7 +193,7 @@ func (s *Server) reconcileLoop(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-			if _, err := s.Reconcile(ctx); err != nil && ctx.Err() == nil {
+			if _, err := s.pods.Reconcile(ctx); err != nil && ctx.Err() == nil {
 				s.log.Error("periodic reconcile failed", "error", err)
 			}
 		}
@@ -205,7 +205,7 @@ func (s *Server) shutdown(gs *grpc.Server, timeout time.Duration) {
 	s.setServing(false)
 	// Health watches and WatchPods would hold GracefulStop forever.
 	s.health.Shutdown()
-	s.watch.close()
+	s.pods.CloseWatches()
 	done := make(chan struct{})
 	go func() {
 		gs.GracefulStop()

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/nftredir/nftredir/internal/podevents"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
@@ -221,7 +222,7 @@ func handshake(t *testing.T, c net.Conn) bool {
 // are closed at accept, whoever the caller (here a uid that may not even
 // call the API), and the slots come back when connections close.
 func TestConnectionLimits(t *testing.T) {
-	ts := startServer(t, true, func(c *Config) { c.Limits = Limits{MaxConnections: 5, MaxConnectionsPerUID: 3} })
+	ts := startServer(t, true, func(c *testConfig) { c.Limits = Limits{MaxConnections: 5, MaxConnectionsPerUID: 3} })
 	ts.openToOthers(t)
 	base := ts.srv.conns.count() // the test's own client
 	var theirs []net.Conn
@@ -299,7 +300,7 @@ func watch(t *testing.T, api nftredirv1.RedirectServiceClient) (context.CancelFu
 // TestWatcherLimits: WatchPods streams over the per-uid or the total
 // limit fail with ResourceExhausted, and slots come back when watches end.
 func TestWatcherLimits(t *testing.T) {
-	ts := startServer(t, true, func(c *Config) {
+	ts := startServer(t, true, func(c *testConfig) {
 		c.Limits = Limits{MaxWatchers: 4, MaxWatchersPerUID: 2}
 		c.AllowUIDs = []uint32{nobody}
 	})
@@ -382,11 +383,11 @@ func TestSlowWatcherIsCutOffAndFreed(t *testing.T) {
 	settled(t, "watch handler running", func() bool { return goroutinesIn(handler) == 1 })
 	// Events big enough to fill the windows, then the queue, at once.
 	big := &nftredirv1.Pod{PodUid: "big", PodName: strings.Repeat("n", 32<<10)}
-	for range watchBuffer + 16 {
-		ts.srv.watch.publish(nftredirv1.EventType_EVENT_TYPE_ADDED, big)
+	for range podevents.Buffer + 16 {
+		ts.pods.Events().Publish(nftredirv1.EventType_EVENT_TYPE_ADDED, big)
 	}
 	settled(t, "slow watcher's goroutines gone while its peer still holds the stream", func() bool {
-		return goroutinesIn(handler) == 0 && goroutinesIn("server.(*broadcaster)") == 0
+		return goroutinesIn(handler) == 0 && goroutinesIn("podevents.(*Hub)") == 0
 	})
 	if n := ts.srv.watchers.count(); n != 0 {
 		t.Errorf("%d watchers still counted", n)

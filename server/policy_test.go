@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/netns"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
@@ -18,13 +19,13 @@ import (
 // what the server told it.
 type scriptedPolicy struct {
 	mu      sync.Mutex
-	admit   func(req *nftredirv1.AddPodRequest, id netns.ID) (Admission, error)
+	admit   func(req *nftredirv1.AddPodRequest, id netns.ID) (lifecycle.Admission, error)
 	ids     []netns.ID
 	added   []string // "uid captured|uncaptured|error: code"
 	removed []string
 }
 
-func (p *scriptedPolicy) Admit(_ context.Context, req *nftredirv1.AddPodRequest, id netns.ID) (Admission, error) {
+func (p *scriptedPolicy) Admit(_ context.Context, req *nftredirv1.AddPodRequest, id netns.ID) (lifecycle.Admission, error) {
 	p.mu.Lock()
 	p.ids = append(p.ids, id)
 	f := p.admit
@@ -37,7 +38,7 @@ func (p *scriptedPolicy) Added(req *nftredirv1.AddPodRequest, captured bool, err
 	defer p.mu.Unlock()
 	switch {
 	case err != nil:
-		p.added = append(p.added, req.GetPodUid()+" error: "+status.Code(err).String())
+		p.added = append(p.added, req.GetPodUid()+" error: "+status.Code(toStatus(err)).String())
 	case captured:
 		p.added = append(p.added, req.GetPodUid()+" captured")
 	default:
@@ -57,15 +58,15 @@ func (p *scriptedPolicy) log() (added, removed []string) {
 	return append([]string(nil), p.added...), append([]string(nil), p.removed...)
 }
 
-func withPolicy(p Policy) serverOpt { return func(c *Config) { c.Policy = p } }
+func withPolicy(p lifecycle.Policy) serverOpt { return func(c *testConfig) { c.Pods.Policy = p } }
 
 // fillIdentity is what a Kubernetes policy does: the caller's request with
 // name, namespace and service account from the API.
-func fillIdentity(req *nftredirv1.AddPodRequest, _ netns.ID) (Admission, error) {
+func fillIdentity(req *nftredirv1.AddPodRequest, _ netns.ID) (lifecycle.Admission, error) {
 	out := proto.Clone(req).(*nftredirv1.AddPodRequest)
 	sa := "web-sa"
 	out.PodName, out.PodNamespace, out.ServiceAccount = "web", "shop", &sa
-	return Admission{Request: out}, nil
+	return lifecycle.Admission{Request: out}, nil
 }
 
 func TestPolicyFillsIdentity(t *testing.T) {
@@ -114,8 +115,8 @@ func TestPolicyLeavesPodUncapturedAndReleasesIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	pol.mu.Lock()
-	pol.admit = func(*nftredirv1.AddPodRequest, netns.ID) (Admission, error) {
-		return Admission{NotCaptured: "namespace shop is not labelled"}, nil
+	pol.admit = func(*nftredirv1.AddPodRequest, netns.ID) (lifecycle.Admission, error) {
+		return lifecycle.Admission{NotCaptured: "namespace shop is not labelled"}, nil
 	}
 	pol.mu.Unlock()
 	resp, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "uid-2", NetnsPath: ns.path})
@@ -144,22 +145,22 @@ func TestPolicyRefusalChangesNothing(t *testing.T) {
 	ns := newNetns(t)
 	tests := []struct {
 		name  string
-		admit func(*nftredirv1.AddPodRequest, netns.ID) (Admission, error)
+		admit func(*nftredirv1.AddPodRequest, netns.ID) (lifecycle.Admission, error)
 		code  codes.Code
 		msg   string
 	}{
-		{"policy error keeps its code", func(*nftredirv1.AddPodRequest, netns.ID) (Admission, error) {
-			return Admission{}, status.Error(codes.InvalidArgument, "pod shop/web: annotation nftredir.io/capture-mode: \"nat\" is not a capture mode")
+		{"policy error keeps its code", func(*nftredirv1.AddPodRequest, netns.ID) (lifecycle.Admission, error) {
+			return lifecycle.Admission{}, status.Error(codes.InvalidArgument, "pod shop/web: annotation nftredir.io/capture-mode: \"nat\" is not a capture mode")
 		}, codes.InvalidArgument, "nftredir.io/capture-mode"},
-		{"API unreachable", func(*nftredirv1.AddPodRequest, netns.ID) (Admission, error) {
-			return Admission{}, status.Error(codes.Unavailable, "look up pod shop/web: connection refused; retry")
+		{"API unreachable", func(*nftredirv1.AddPodRequest, netns.ID) (lifecycle.Admission, error) {
+			return lifecycle.Admission{}, status.Error(codes.Unavailable, "look up pod shop/web: connection refused; retry")
 		}, codes.Unavailable, "connection refused"},
-		{"filled-in options are validated like a request's", func(req *nftredirv1.AddPodRequest, id netns.ID) (Admission, error) {
+		{"filled-in options are validated like a request's", func(req *nftredirv1.AddPodRequest, id netns.ID) (lifecycle.Admission, error) {
 			a, _ := fillIdentity(req, id)
 			a.Request.Options = &nftredirv1.RedirectOptions{ExcludeInboundPorts: []uint32{70000}}
 			return a, nil
 		}, codes.InvalidArgument, "pod shop/web: invalid request: options.exclude_inbound_ports: 70000 is not a port"},
-		{"policy may not change the key", func(req *nftredirv1.AddPodRequest, id netns.ID) (Admission, error) {
+		{"policy may not change the key", func(req *nftredirv1.AddPodRequest, id netns.ID) (lifecycle.Admission, error) {
 			a, _ := fillIdentity(req, id)
 			a.Request.PodUid = "someone-else"
 			return a, nil
@@ -202,7 +203,7 @@ func TestReleaseDoesNotTellThePolicy(t *testing.T) {
 	if _, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "uid-5", NetnsPath: ns.path}); err != nil {
 		t.Fatal(err)
 	}
-	existed, err := ts.srv.Release(ctxT(t), "uid-5")
+	existed, err := ts.pods.Release(ctxT(t), "uid-5")
 	if err != nil || !existed {
 		t.Fatalf("Release = %v, %v", existed, err)
 	}

@@ -16,10 +16,10 @@ import (
 	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/nftredir/nftredir/internal/nstest"
-	"github.com/nftredir/nftredir/netns"
+	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+	"github.com/nftredir/nftredir/state"
 	"github.com/nftredir/nftredir/zds"
 )
 
@@ -27,7 +27,7 @@ import (
 // also notes whether the server's snapshot source lists the pod at that
 // moment, which is what a proxy connecting just then would get.
 type fakeZDS struct {
-	srv *Server
+	store *state.Store
 
 	mu      sync.Mutex
 	calls   []string
@@ -41,7 +41,7 @@ func newFakeZDS() *fakeZDS {
 }
 
 func (f *fakeZDS) listed(uid string) bool {
-	pods, err := f.srv.ZDSPods()
+	pods, err := zds.StorePods{Store: f.store}.Pods()
 	if err != nil {
 		panic(err)
 	}
@@ -67,7 +67,7 @@ func (f *fakeZDS) PodAddedWait(_ context.Context, p zds.Pod) error {
 		f.states[p.UID] = "no proxy connected"
 		return f.waitErr
 	}
-	f.states[p.UID] = zdsAcked
+	f.states[p.UID] = lifecycle.ZDSAcked
 	return nil
 }
 
@@ -91,7 +91,7 @@ func (f *fakeZDS) State(uid string) string {
 func (f *fakeZDS) ack(uid string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.states[uid] = zdsAcked
+	f.states[uid] = lifecycle.ZDSAcked
 }
 
 func (f *fakeZDS) takeCalls() []string {
@@ -142,10 +142,10 @@ func (f *fakeProbe) takeCalls() []string {
 func startProxiedServer(t *testing.T, requireAck bool) (*testServer, *fakeZDS, *fakeProbe) {
 	t.Helper()
 	z, p := newFakeZDS(), &fakeProbe{}
-	ts := startServer(t, true, func(c *Config) {
-		c.ZDS, c.ZDSRequireAck, c.Probe = z, requireAck, p
+	ts := startServer(t, true, func(c *testConfig) {
+		c.Pods.ZDS, c.Pods.ZDSRequireAck, c.Pods.Probe = z, requireAck, p
 	})
-	z.srv = ts.srv
+	z.store = ts.pods.Store()
 	return ts, z, p
 }
 
@@ -178,7 +178,7 @@ func TestProxiesFollowEnrolment(t *testing.T) {
 	if zp.Name != "web" || zp.Namespace != "shop" || zp.ServiceAccount != "web-sa" || zp.NetnsPath != ns.path || zp.NetnsID.String() != resp.GetPod().GetNetnsId() {
 		t.Errorf("the proxy was told %+v; want the record's name, namespace, service account, path and id (%s)", zp, resp.GetPod().GetNetnsId())
 	}
-	pods, err := ts.srv.ZDSPods()
+	pods, err := zds.StorePods{Store: ts.pods.Store()}.Pods()
 	if err != nil || len(pods) != 1 || pods[0] != zp {
 		t.Errorf("ZDSPods = %+v, %v; want the one pod as sent", pods, err)
 	}
@@ -200,7 +200,7 @@ func TestProxiesFollowEnrolment(t *testing.T) {
 	wantCalls(t, "zds after a repeat", z.takeCalls())
 	wantCalls(t, "probe after a repeat", p.takeCalls(), "add pod-1 [10.244.0.9 fd00::9]")
 
-	if _, err := ts.srv.Reconcile(ctxT(t)); err != nil {
+	if _, err := ts.pods.Reconcile(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
 	wantCalls(t, "probe after reconcile", p.takeCalls(), "reconcile 1")
@@ -229,7 +229,7 @@ func TestReconcileDropTellsProxies(t *testing.T) {
 	z.takeCalls()
 	p.takeCalls()
 	ns.del(t)
-	res, err := ts.srv.Reconcile(ctxT(t))
+	res, err := ts.pods.Reconcile(ctxT(t))
 	if err != nil || res.Dropped != 1 {
 		t.Fatalf("Reconcile = %+v, %v; want one drop", res, err)
 	}
@@ -267,8 +267,8 @@ func TestRequireAckFailureKeepsThePodEnrolled(t *testing.T) {
 func TestFailedAddTellsTheProxyToForgetThePod(t *testing.T) {
 	ns := newNetns(t)
 	z, p := newFakeZDS(), &fakeProbe{}
-	ts := startServer(t, true, withApplier(&failingApplier{Applier: nft.NewNetlink(), pod: "pod-1"}), func(c *Config) { c.ZDS, c.Probe = z, p })
-	z.srv = ts.srv
+	ts := startServer(t, true, withApplier(&failingApplier{Applier: nft.NewNetlink(), pod: "pod-1"}), func(c *testConfig) { c.Pods.ZDS, c.Pods.Probe = z, p })
+	z.store = ts.pods.Store()
 	p.takeCalls()
 	if _, err := ts.add(t, "pod-1", ns.path); err == nil {
 		t.Fatal("AddPod succeeded with a failing applier")
@@ -280,7 +280,7 @@ func TestFailedAddTellsTheProxyToForgetThePod(t *testing.T) {
 
 func TestBeforeServing(t *testing.T) {
 	entered, release := make(chan struct{}), make(chan struct{})
-	ts := startServer(t, false, func(c *Config) {
+	ts := startServer(t, false, func(c *testConfig) {
 		c.BeforeServing = func(context.Context) error {
 			close(entered)
 			<-release
@@ -296,7 +296,7 @@ func TestBeforeServing(t *testing.T) {
 	ts.waitServing(t)
 
 	failing := errors.New("no ZDS socket")
-	srv, err := New(Config{Guard: ts.srv.guard, Applier: ts.srv.applier, StateDir: t.TempDir(), ReconcileInterval: -1,
+	srv, err := New(Config{Pods: ts.pods, ReconcileInterval: -1,
 		BeforeServing: func(context.Context) error { return failing }})
 	if err != nil {
 		t.Fatal(err)
@@ -310,17 +310,5 @@ func TestBeforeServing(t *testing.T) {
 	}
 	if srv.ready.Load() {
 		t.Error("SERVING although BeforeServing failed")
-	}
-}
-
-func TestNewRejectsRequireAckWithoutZDS(t *testing.T) {
-	nstest.RequirePrivileged(t)
-	guard, err := netns.NewGuard()
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = New(Config{Guard: guard, Applier: nft.NewNetlink(), StateDir: t.TempDir(), ZDSRequireAck: true})
-	if err == nil || !strings.Contains(err.Error(), "ZDSRequireAck without ZDS") {
-		t.Errorf("New with ZDSRequireAck and no ZDS: %v", err)
 	}
 }

@@ -14,7 +14,7 @@ import (
 // record's bytes) returns.
 func (ts *testServer) corrupt(t *testing.T, uid string, damage func([]byte) []byte) {
 	t.Helper()
-	path := ts.srv.store.RecordPath(uid)
+	path := ts.pods.Store().RecordPath(uid)
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -94,9 +94,9 @@ func TestQuarantinedRecordTouchesOnlyItsPod(t *testing.T) {
 	ts := startServer(t, true)
 	ts.mustAdd(t, "victim", victim.path)
 	ts.mustAdd(t, "pod-1", mine.path)
-	ts.srv.store.Delete("pod-1")
+	ts.pods.Store().Delete("pod-1")
 	// pod-1's record, torn, naming the victim's namespace.
-	path := ts.srv.store.RecordPath("pod-1")
+	path := ts.pods.Store().RecordPath("pod-1")
 	if err := os.WriteFile(path, []byte(`{"version": 1, "podUid": "pod-1", "netnsPath": "`+victim.path+`", "netnsId": "`), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func TestQuarantinedRecordIsShown(t *testing.T) {
 	}
 	q := list.Quarantined[0]
 	if q.PodUid != "pod-1" || q.NetnsPath != ns.path || q.NetnsId != pod.NetnsId || !strings.Contains(q.Reason, "corrupt record") ||
-		!strings.HasPrefix(q.File, filepath.Join(ts.srv.store.Dir(), state.QuarantineDir)) {
+		!strings.HasPrefix(q.File, filepath.Join(ts.pods.Store().Dir(), state.QuarantineDir)) {
 		t.Errorf("quarantined record = %v", q)
 	}
 	if _, err := os.Stat(q.File); err != nil {

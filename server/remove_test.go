@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/nftredir/nftredir/lifecycle"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
@@ -48,7 +49,7 @@ func TestRemovePodOnReadOnlyStateDirChangesNothing(t *testing.T) {
 	ts := startServer(t, true)
 	ts.mustAdd(t, "pod-1", ns.path)
 	table := ns.listTable(t)
-	writable := readOnly(t, ts.srv.store.Dir())
+	writable := readOnly(t, ts.pods.Store().Dir())
 
 	_, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "pod-1"})
 	if err == nil {
@@ -66,7 +67,7 @@ func TestRemovePodOnReadOnlyStateDirChangesNothing(t *testing.T) {
 	if got := ts.get(t, "pod-1"); got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC {
 		t.Errorf("after the failed RemovePod: %v %q, want IN_SYNC", got.SyncStatus, got.Detail)
 	}
-	if res, err := ts.srv.Reconcile(ctxT(t)); err != nil || res != (ReconcileResult{InSync: 1}) {
+	if res, err := ts.pods.Reconcile(ctxT(t)); err != nil || res != (lifecycle.ReconcileResult{InSync: 1}) {
 		t.Errorf("Reconcile = %+v, %v; want the pod in sync and untouched", res, err)
 	}
 
@@ -78,7 +79,7 @@ func TestRemovePodOnReadOnlyStateDirChangesNothing(t *testing.T) {
 	if ns.hasTable(t) || len(ts.records(t)) != 0 {
 		t.Fatal("table or record left after RemovePod")
 	}
-	if res, err := ts.srv.Reconcile(ctxT(t)); err != nil || res != (ReconcileResult{}) || ns.hasTable(t) {
+	if res, err := ts.pods.Reconcile(ctxT(t)); err != nil || res != (lifecycle.ReconcileResult{}) || ns.hasTable(t) {
 		t.Errorf("Reconcile after the release = %+v, %v; it must not restore capture", res, err)
 	}
 }
@@ -90,19 +91,19 @@ func TestInterruptedRemovePodIsFinished(t *testing.T) {
 	ns := newNetns(t)
 	ts := startServer(t, true)
 	ts.mustAdd(t, "pod-1", ns.path)
-	rec, err := ts.srv.store.Get("pod-1")
+	rec, err := ts.pods.Store().Get("pod-1")
 	if err != nil || rec == nil {
 		t.Fatalf("record: %v, %v", rec, err)
 	}
 	rec.Removing = true // what the store holds after a crash past the intent
-	if err := ts.srv.store.Put(rec); err != nil {
+	if err := ts.pods.Store().Put(rec); err != nil {
 		t.Fatal(err)
 	}
 	if got := ts.get(t, "pod-1"); !strings.Contains(got.Detail, "RemovePod of the pod did not finish") {
 		t.Errorf("GetPod of a pod being removed: %q", got.Detail)
 	}
-	res, err := ts.srv.Reconcile(ctxT(t))
-	if err != nil || res != (ReconcileResult{Released: 1}) {
+	res, err := ts.pods.Reconcile(ctxT(t))
+	if err != nil || res != (lifecycle.ReconcileResult{Released: 1}) {
 		t.Fatalf("Reconcile = %+v, %v; want one release", res, err)
 	}
 	if ns.hasTable(t) || len(ts.records(t)) != 0 {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 	"github.com/nftredir/nftredir/state"
@@ -184,7 +186,7 @@ func TestTamperIsReportedAndRepaired(t *testing.T) {
 	if got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_ABSENT || !strings.Contains(got.Detail, "missing") {
 		t.Fatalf("after deleting the table: %v %q", got.SyncStatus, got.Detail)
 	}
-	res, err := ts.srv.Reconcile(ctxT(t))
+	res, err := ts.pods.Reconcile(ctxT(t))
 	if err != nil || res.Repaired != 1 {
 		t.Fatalf("Reconcile = %+v, %v; want one repair", res, err)
 	}
@@ -201,15 +203,15 @@ func TestTamperIsReportedAndRepaired(t *testing.T) {
 	if got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_DRIFTED || !strings.Contains(got.Detail, "IPv4 fwmark rule") {
 		t.Fatalf("after deleting the rule: %v %q", got.SyncStatus, got.Detail)
 	}
-	res, err = ts.srv.Reconcile(ctxT(t))
+	res, err = ts.pods.Reconcile(ctxT(t))
 	if err != nil || res.Repaired != 1 {
 		t.Fatalf("Reconcile = %+v, %v; want one repair", res, err)
 	}
 	if got := ts.get(t, "pod-1"); got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC {
 		t.Fatalf("after second repair: %v %q", got.SyncStatus, got.Detail)
 	}
-	res, _ = ts.srv.Reconcile(ctxT(t))
-	if res != (ReconcileResult{InSync: 1}) {
+	res, _ = ts.pods.Reconcile(ctxT(t))
+	if res != (lifecycle.ReconcileResult{InSync: 1}) {
 		t.Errorf("third reconcile = %+v, want all in sync", res)
 	}
 }
@@ -234,7 +236,7 @@ func TestReconcileDropsReplacedNamespace(t *testing.T) {
 	if got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_NETNS_GONE || !strings.Contains(got.Detail, "now names namespace") {
 		t.Errorf("GetPod of a replaced namespace: %v %q", got.SyncStatus, got.Detail)
 	}
-	res, err := ts.srv.Reconcile(ctxT(t))
+	res, err := ts.pods.Reconcile(ctxT(t))
 	if err != nil || res.Dropped != 2 || res.Repaired != 0 {
 		t.Fatalf("Reconcile = %+v, %v; want two drops", res, err)
 	}
@@ -273,11 +275,11 @@ func TestReconcileFinishesAnInterruptedMove(t *testing.T) {
 	pod := ts.mustAdd(t, "pod-1", a.path)
 	// What the store holds at the crash: the move recorded, a still
 	// carrying the pod's table and rule.
-	rec, err := ts.srv.store.Get("pod-1")
+	rec, err := ts.pods.Store().Get("pod-1")
 	if err != nil || rec == nil {
 		t.Fatalf("record: %v, %v", rec, err)
 	}
-	h, err := ts.srv.guard.Open(b.path)
+	h, err := ts.guard.Open(b.path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,10 +287,10 @@ func TestReconcileFinishesAnInterruptedMove(t *testing.T) {
 	h.Close()
 	rec.Leaving = &state.Leaving{NetnsPath: a.path, NetnsID: pod.NetnsId, Routing: rec.Routing}
 	rec.NetnsPath, rec.NetnsID = b.path, bID.String()
-	if err := ts.srv.store.Put(rec); err != nil {
+	if err := ts.pods.Store().Put(rec); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ts.srv.Reconcile(ctxT(t)); err != nil {
+	if _, err := ts.pods.Reconcile(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
 	if a.hasTable(t) || !b.hasTable(t) {
@@ -297,7 +299,7 @@ func TestReconcileFinishesAnInterruptedMove(t *testing.T) {
 	if out := run(t, "ip", "-n", a.name, "rule", "show"); strings.Contains(out, "fwmark 0x111") {
 		t.Errorf("left namespace kept the rule:\n%s", out)
 	}
-	if rec, _ := ts.srv.store.Get("pod-1"); rec == nil || rec.Leaving != nil {
+	if rec, _ := ts.pods.Store().Get("pod-1"); rec == nil || rec.Leaving != nil {
 		t.Errorf("record after reconcile: %+v; want the move marked finished", rec)
 	}
 	ts.mustAdd(t, "pod-2", a.path) // the left namespace is free again
@@ -326,20 +328,34 @@ func TestNamespaceBelongsToOnePod(t *testing.T) {
 // wait, or that cleanup would remove the newcomer's rules.
 func TestBusyOwnerKeepsItsNamespace(t *testing.T) {
 	ns := newNetns(t)
-	ts := startServer(t, true)
+	// The owner is kept busy by a GetPod of its own, held inside the
+	// kernel comparison, under the owner's lock.
+	inVerify, release := make(chan struct{}), make(chan struct{})
+	var hold atomic.Bool
+	hook := &hookApplier{Applier: nft.NewNetlink(), beforeVerify: func() {
+		if hold.CompareAndSwap(true, false) {
+			close(inVerify)
+			<-release
+		}
+	}}
+	ts := startServer(t, true, withApplier(hook))
 	ts.mustAdd(t, "owner", ns.path)
-	unlock, err := ts.srv.locks.lock(ctxT(t), "owner")
-	if err != nil {
-		t.Fatal(err)
-	}
+	hold.Store(true)
+	got := make(chan error, 1)
+	go func() {
+		_, err := ts.api.GetPod(context.Background(), &nftredirv1.GetPodRequest{PodUid: "owner"})
+		got <- err
+	}()
+	<-inVerify
 	// Mid-move, as far as this namespace is concerned: no record names it.
-	if err := ts.srv.store.Delete("owner"); err != nil {
+	if err := ts.pods.Store().Delete("owner"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := ts.add(t, "newcomer", ns.path); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("AddPod while the owner is busy: %v, want FailedPrecondition", err)
 	}
-	unlock()
+	close(release)
+	<-got
 	ts.mustAdd(t, "newcomer", ns.path) // the owner is done and its record is gone
 }
 
@@ -470,11 +486,11 @@ func TestPeerCredentialDenial(t *testing.T) {
 		groups []uint32
 		want   string
 	}{
-		{"not allowed", func(*Config) {}, nil, "PermissionDenied|caller uid 65534 gid 65534 is not allowed; start nftredird with --allow-uid/--allow-gid"},
-		{"uid allowed", func(c *Config) { c.AllowUIDs = []uint32{65534} }, nil, "OK|"},
-		{"gid allowed", func(c *Config) { c.AllowGIDs = []uint32{65534} }, nil, "OK|"},
-		{"supplementary group allowed", func(c *Config) { c.AllowGIDs = []uint32{4245} }, []uint32{4245}, "OK|"},
-		{"other supplementary group", func(c *Config) { c.AllowGIDs = []uint32{4245} }, []uint32{4246}, "PermissionDenied|caller uid 65534 gid 65534 is not allowed; start nftredird with --allow-uid/--allow-gid"},
+		{"not allowed", func(*testConfig) {}, nil, "PermissionDenied|caller uid 65534 gid 65534 is not allowed; start nftredird with --allow-uid/--allow-gid"},
+		{"uid allowed", func(c *testConfig) { c.AllowUIDs = []uint32{65534} }, nil, "OK|"},
+		{"gid allowed", func(c *testConfig) { c.AllowGIDs = []uint32{65534} }, nil, "OK|"},
+		{"supplementary group allowed", func(c *testConfig) { c.AllowGIDs = []uint32{4245} }, []uint32{4245}, "OK|"},
+		{"other supplementary group", func(c *testConfig) { c.AllowGIDs = []uint32{4245} }, []uint32{4246}, "PermissionDenied|caller uid 65534 gid 65534 is not allowed; start nftredird with --allow-uid/--allow-gid"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ts := startServer(t, true, tc.opt)

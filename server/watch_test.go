@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/nftredir/nftredir/internal/podevents"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
@@ -52,13 +53,13 @@ func (r *recordingStream) count() (sent, blocked int) {
 // is cut off as soon as it falls behind, while its Send is still blocked,
 // and publishing never waits for it.
 func TestBroadcasterCutsOffSlowWatcher(t *testing.T) {
-	b := newBroadcaster()
-	slow := b.subscribe()
+	b := podevents.NewHub()
+	slow := b.Subscribe()
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &recordingStream{ctx: ctx, block: true}
 	done := make(chan error, 1)
 	go func() {
-		done <- b.stream(slow, out, []*nftredirv1.WatchPodsResponse{{Event: nftredirv1.EventType_EVENT_TYPE_SNAPSHOT_DONE}})
+		done <- streamWatch(slow, out, []*nftredirv1.WatchPodsResponse{{Event: nftredirv1.EventType_EVENT_TYPE_SNAPSHOT_DONE}})
 	}()
 	for { // until the snapshot's Send blocks
 		if _, blocked := out.count(); blocked == 1 {
@@ -66,8 +67,8 @@ func TestBroadcasterCutsOffSlowWatcher(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	for i := 0; i < watchBuffer+1; i++ {
-		b.publish(nftredirv1.EventType_EVENT_TYPE_ADDED, &nftredirv1.Pod{PodUid: "p"})
+	for i := 0; i < podevents.Buffer+1; i++ {
+		b.Publish(nftredirv1.EventType_EVENT_TYPE_ADDED, &nftredirv1.Pod{PodUid: "p"})
 	}
 	if err := <-done; status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("slow watcher ended with %v, want ResourceExhausted", err)
@@ -83,27 +84,27 @@ func TestBroadcasterCutsOffSlowWatcher(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if len(b.subs) != 0 {
+	if b.Len() != 0 {
 		t.Error("the cut-off watcher is still subscribed")
 	}
 	// Later events go to nobody and still do not block.
-	b.publish(nftredirv1.EventType_EVENT_TYPE_REMOVED, &nftredirv1.Pod{PodUid: "p"})
+	b.Publish(nftredirv1.EventType_EVENT_TYPE_REMOVED, &nftredirv1.Pod{PodUid: "p"})
 }
 
 func TestBroadcasterCloseEndsWatches(t *testing.T) {
-	b := newBroadcaster()
-	s := b.subscribe()
-	b.publish(nftredirv1.EventType_EVENT_TYPE_ADDED, &nftredirv1.Pod{PodUid: "p"})
-	b.close()
+	b := podevents.NewHub()
+	s := b.Subscribe()
+	b.Publish(nftredirv1.EventType_EVENT_TYPE_ADDED, &nftredirv1.Pod{PodUid: "p"})
+	b.Close()
 	out := &recordingStream{ctx: context.Background()}
-	if err := b.stream(s, out, nil); status.Code(err) != codes.Unavailable {
+	if err := streamWatch(s, out, nil); status.Code(err) != codes.Unavailable {
 		t.Fatalf("watch ended with %v, want Unavailable", err)
 	}
 	if n, _ := out.count(); n != 1 {
 		t.Errorf("queued event lost at close")
 	}
-	late := b.subscribe()
-	if err := b.stream(late, &recordingStream{ctx: context.Background()}, nil); status.Code(err) != codes.Unavailable {
+	late := b.Subscribe()
+	if err := streamWatch(late, &recordingStream{ctx: context.Background()}, nil); status.Code(err) != codes.Unavailable {
 		t.Errorf("watch after close: %v", err)
 	}
 }

@@ -13,12 +13,15 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/nftredir/nftredir/capture"
 	"github.com/nftredir/nftredir/client"
 	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 	"github.com/nftredir/nftredir/probe"
 	"github.com/nftredir/nftredir/server"
+	"github.com/nftredir/nftredir/state"
 )
 
 // BenchmarkAddPodInProcess is the daemon's AddPod path with the server in
@@ -67,14 +70,16 @@ func BenchmarkAddPodInProcess(b *testing.B) {
 	if err := pm.Ensure(context.Background()); err != nil {
 		b.Fatal(err)
 	}
-	srv, err := server.New(server.Config{
-		Guard:             guard,
-		Applier:           nft.NewNetlink(),
-		StateDir:          filepath.Join(dir, "state"),
-		Logger:            hclog.New(&hclog.LoggerOptions{Level: hclog.Info, JSONFormat: true, Output: io.Discard}),
-		ReconcileInterval: time.Hour,
-		Probe:             pm,
-	})
+	log := hclog.New(&hclog.LoggerOptions{Level: hclog.Info, JSONFormat: true, Output: io.Discard})
+	store, err := state.Open(filepath.Join(dir, "state"), log)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pods, err := lifecycle.New(lifecycle.Config{Engine: capture.NewKernel(guard, nft.NewNetlink()), Store: store, Logger: log, Probe: pm})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv, err := server.New(server.Config{Pods: pods, Logger: log, ReconcileInterval: time.Hour})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -17,14 +17,17 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/nftredir/nftredir/capture"
 	"github.com/nftredir/nftredir/internal/peercred"
 	"github.com/nftredir/nftredir/internal/selftest"
 	"github.com/nftredir/nftredir/internal/version"
 	"github.com/nftredir/nftredir/kube"
+	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 	"github.com/nftredir/nftredir/probe"
 	"github.com/nftredir/nftredir/server"
+	"github.com/nftredir/nftredir/state"
 	"github.com/nftredir/nftredir/zds"
 )
 
@@ -171,13 +174,18 @@ func serve(opts *options, root hclog.Logger) error {
 	if err := kernelSelfTest(ctx, opts, root); err != nil {
 		return err
 	}
+	store, err := state.Open(opts.stateDir, root.Named("store"))
+	if err != nil {
+		return err
+	}
 	defaults := opts.spec
+	pcfg := lifecycle.Config{
+		Store:    store,
+		Routing:  opts.routing,
+		Defaults: &defaults,
+		Logger:   root.Named("server"),
+	}
 	cfg := server.Config{
-		Guard:             guard,
-		Applier:           nft.NewNetlink(),
-		StateDir:          opts.stateDir,
-		Routing:           opts.routing,
-		Defaults:          &defaults,
 		Logger:            root.Named("server"),
 		AllowUIDs:         opts.allowUIDs,
 		AllowGIDs:         opts.allowGIDs,
@@ -196,22 +204,39 @@ func serve(opts *options, root hclog.Logger) error {
 				root.Warn("node probe table: pending changes not sent; the next start reconciles them", "error", err)
 			}
 		}()
-		cfg.Probe = m
+		pcfg.Probe = m
 	}
-	met := observe(opts, &cfg, root)
-	var (
-		srv *server.Server
-		zs  *zdsServing
-	)
+	applier := nft.Applier(nft.NewNetlink())
+	met := observe(opts, &cfg, &pcfg, &applier, root)
+	pcfg.Engine = capture.NewKernel(guard, applier)
+	var zs *zdsServing
 	if opts.zdsSocket != "" {
-		// The source is read only once serving starts, after srv is set.
-		zs, err = newZDS(opts, guard, func() ([]zds.Pod, error) { return srv.ZDSPods() }, root)
-		if err != nil {
+		if zs, err = newZDS(opts, guard, store, root); err != nil {
 			return err
 		}
-		cfg.ZDS, cfg.ZDSRequireAck = zs.srv, opts.zdsRequireAck
+		pcfg.ZDS, pcfg.ZDSRequireAck = zs.srv, opts.zdsRequireAck
 	}
+	var agent *kube.Agent
+	if opts.kubernetes {
+		if agent, err = newAgent(opts, root); err != nil {
+			return err
+		}
+		pcfg.Policy = agent
+	}
+	pods, err := lifecycle.New(pcfg)
+	if err != nil {
+		return err
+	}
+	cfg.Pods = pods
+	// In Kubernetes mode the pods are brought in line with the API before
+	// SERVING, and before ZDS serves, so a proxy's first snapshot already
+	// follows the policy.
 	cfg.BeforeServing = func(ctx context.Context) error {
+		if agent != nil {
+			if err := agent.Start(ctx, pods); err != nil {
+				return fmt.Errorf("kubernetes: %w", err)
+			}
+		}
 		if zs != nil {
 			if err := zs.start(ctx); err != nil {
 				return err
@@ -220,31 +245,11 @@ func serve(opts *options, root hclog.Logger) error {
 		notifyReady(root)
 		return nil
 	}
-	var agent *kube.Agent
-	if opts.kubernetes {
-		if agent, err = newAgent(opts, root); err != nil {
-			return err
-		}
-		cfg.Policy = agent
-		// The pods are brought in line with the API before SERVING, and
-		// before ZDS serves, so a proxy's first snapshot already follows
-		// the policy.
-		afterReconcile := cfg.BeforeServing
-		cfg.BeforeServing = func(ctx context.Context) error {
-			if err := agent.Start(ctx, srv); err != nil {
-				return fmt.Errorf("kubernetes: %w", err)
-			}
-			if afterReconcile != nil {
-				return afterReconcile(ctx)
-			}
-			return nil
-		}
-	}
-	srv, err = server.New(cfg)
+	srv, err := server.New(cfg)
 	if err != nil {
 		return err
 	}
-	setSources(met, srv, zs, cfg.Probe)
+	setSources(met, pods, zs, pcfg.Probe)
 	lis, err := listenSocket(opts.socket, opts.socketGroup)
 	if err != nil {
 		return err
@@ -336,9 +341,9 @@ type zdsServing struct {
 	done chan error
 }
 
-func newZDS(opts *options, guard *netns.Guard, pods func() ([]zds.Pod, error), root hclog.Logger) (*zdsServing, error) {
+func newZDS(opts *options, guard *netns.Guard, store *state.Store, root hclog.Logger) (*zdsServing, error) {
 	srv, err := zds.NewServer(zds.Config{
-		Pods:        zds.PodSourceFunc(pods),
+		Pods:        zds.StorePods{Store: store},
 		Opener:      guard,
 		Logger:      root.Named("zds"),
 		Allow:       peercred.NewAllowlist(opts.zdsAllowUIDs, opts.zdsAllowGIDs),

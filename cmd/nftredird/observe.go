@@ -11,24 +11,26 @@ import (
 	"github.com/nftredir/nftredir/client"
 	"github.com/nftredir/nftredir/internal/health"
 	"github.com/nftredir/nftredir/internal/metrics"
+	"github.com/nftredir/nftredir/lifecycle"
+	"github.com/nftredir/nftredir/nft"
 	"github.com/nftredir/nftredir/probe"
 	"github.com/nftredir/nftredir/server"
 )
 
-// observe wires the metrics into the server's config: the apply timer
-// around the applier, the call counter in front of the interceptors, and
-// the reconcile hook. It returns nil, changing nothing, when
-// --metrics-address is empty.
-func observe(opts *options, cfg *server.Config, root hclog.Logger) *metrics.Metrics {
+// observe wires the metrics into the daemon's parts: the apply timer
+// around the applier, the call counter in front of the server's
+// interceptors, and the lifecycle's reconcile hook. It returns nil,
+// changing nothing, when --metrics-address is empty.
+func observe(opts *options, cfg *server.Config, pcfg *lifecycle.Config, applier *nft.Applier, root hclog.Logger) *metrics.Metrics {
 	if opts.metricsAddress == "" {
 		return nil
 	}
 	m := metrics.New(root.Named("metrics"))
-	cfg.Applier = m.Applier(cfg.Applier)
+	*applier = m.Applier(*applier)
 	cfg.UnaryInterceptors = append(cfg.UnaryInterceptors, m.UnaryInterceptor())
 	cfg.StreamInterceptors = append(cfg.StreamInterceptors, m.StreamInterceptor())
-	prev := cfg.OnReconcile
-	cfg.OnReconcile = func(res server.ReconcileResult, d time.Duration) {
+	prev := pcfg.OnReconcile
+	pcfg.OnReconcile = func(res lifecycle.ReconcileResult, d time.Duration) {
 		if prev != nil {
 			prev(res, d)
 		}
@@ -37,13 +39,13 @@ func observe(opts *options, cfg *server.Config, root hclog.Logger) *metrics.Metr
 	return m
 }
 
-// setSources points the scrape-time metrics at the server, the ZDS server
+// setSources points the scrape-time metrics at the lifecycle engine, the ZDS server
 // and the node probe table (zs and pt may be nil).
-func setSources(m *metrics.Metrics, srv *server.Server, zs *zdsServing, pt server.ProbeTable) {
+func setSources(m *metrics.Metrics, pods *lifecycle.Manager, zs *zdsServing, pt lifecycle.ProbeTable) {
 	if m == nil {
 		return
 	}
-	src := metrics.Sources{EnrolledPods: srv.EnrolledPods}
+	src := metrics.Sources{EnrolledPods: pods.EnrolledPods}
 	if zs != nil {
 		src.ZDS = zs.srv.Stats
 	}

@@ -12,12 +12,15 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/nftredir/nftredir/capture"
 	"github.com/nftredir/nftredir/client"
 	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 	"github.com/nftredir/nftredir/server"
+	"github.com/nftredir/nftredir/state"
 )
 
 // gatedApplier holds every Verify until open is closed: a startup
@@ -86,16 +89,28 @@ func TestReadyzWaitsForStartupReconcile(t *testing.T) {
 		t.Fatal(err)
 	}
 	ns := nstest.NewNetns(t)
-	base := server.Config{Guard: guard, StateDir: stateDir, ReconcileInterval: -1}
+	build := func(cfg server.Config, applier nft.Applier, pcfg lifecycle.Config) (*server.Server, *lifecycle.Manager) {
+		t.Helper()
+		store, err := state.Open(stateDir, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pcfg.Store, pcfg.Engine = store, capture.NewKernel(guard, applier)
+		pods, err := lifecycle.New(pcfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Pods, cfg.ReconcileInterval = pods, -1
+		srv, err := server.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return srv, pods
+	}
 
 	// A first server enrols the pod, so the second has a record to
 	// reconcile at its start.
-	first := base
-	first.Applier = nft.NewNetlink()
-	srv, err := server.New(first)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, _ := build(server.Config{}, nft.NewNetlink(), lifecycle.Config{})
 	stop := runServer(t, srv, socket)
 	c, err := client.Dial(context.Background(), socket)
 	if err != nil {
@@ -114,16 +129,14 @@ func TestReadyzWaitsForStartupReconcile(t *testing.T) {
 			close(gate.open)
 		}
 	}()
-	second := base
-	second.Applier = gate
+	var second server.Config
+	var secondPods lifecycle.Config
+	applier := nft.Applier(gate)
 	opts := &options{socket: socket, metricsAddress: "127.0.0.1:0"}
 	log := hclog.NewNullLogger()
-	met := observe(opts, &second, log)
-	srv, err = server.New(second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	setSources(met, srv, nil, nil)
+	met := observe(opts, &second, &secondPods, &applier, log)
+	srv, pods := build(second, applier, secondPods)
+	setSources(met, pods, nil, nil)
 	runServer(t, srv, socket)
 	addr, stopHTTP, err := serveHTTP(opts, srv, met, log)
 	if err != nil {

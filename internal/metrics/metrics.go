@@ -20,9 +20,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/nftredir/nftredir/internal/version"
+	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
-	"github.com/nftredir/nftredir/server"
 	"github.com/nftredir/nftredir/zds"
 )
 
@@ -151,7 +151,7 @@ func (m *Metrics) Handler() http.Handler {
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
 // ObserveReconcile is the server's OnReconcile.
-func (m *Metrics) ObserveReconcile(res server.ReconcileResult, d time.Duration) {
+func (m *Metrics) ObserveReconcile(res lifecycle.ReconcileResult, d time.Duration) {
 	m.reconcileSecs.Observe(d.Seconds())
 	m.reconcilePods.WithLabelValues("in_sync").Add(float64(res.InSync))
 	m.reconcilePods.WithLabelValues("repaired").Add(float64(res.Repaired))

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/nftredir/nftredir/server"
+	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/zds"
 )
 
@@ -61,7 +61,7 @@ nftredir_zds_proxies_connected 1
 		"nftredir_pods_enrolled", "nftredir_probe_table_addresses", "nftredir_zds_acks_total", "nftredir_zds_nacks_total", "nftredir_zds_proxies_connected"); err != nil {
 		t.Error(err)
 	}
-	m.ObserveReconcile(server.ReconcileResult{InSync: 5, Repaired: 2}, 0)
+	m.ObserveReconcile(lifecycle.ReconcileResult{InSync: 5, Repaired: 2}, 0)
 	if got := testutil.ToFloat64(m.driftRepairs); got != 2 {
 		t.Errorf("drift repairs %v, want 2", got)
 	}

@@ -1,19 +1,17 @@
-package server
+package lifecycle
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 
+	"github.com/nftredir/nftredir/capture"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/state"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 func quarantinedProto(q state.Quarantined) *nftredirv1.QuarantinedRecord {
@@ -28,13 +26,13 @@ func quarantinedProto(q state.Quarantined) *nftredirv1.QuarantinedRecord {
 
 // getQuarantined answers GetPod for a pod without a record: what its
 // quarantined record still says, or NotFound.
-func (s *Server) getQuarantined(uid string) (*nftredirv1.GetPodResponse, error) {
-	qs, err := s.store.QuarantinedFor(uid)
+func (m *Manager) getQuarantined(uid string) (*nftredirv1.GetPodResponse, error) {
+	qs, err := m.store.QuarantinedFor(uid)
 	if err != nil {
 		return nil, err
 	}
 	if len(qs) == 0 {
-		return nil, status.Errorf(codes.NotFound, "pod %s is not enrolled; ListPods shows the enrolled pods", uid)
+		return nil, Errorf(KindNotFound, "pod %s is not enrolled; ListPods shows the enrolled pods", uid)
 	}
 	q := qs[len(qs)-1] // the latest: names carry the time they were set aside
 	return &nftredirv1.GetPodResponse{
@@ -47,30 +45,30 @@ func (s *Server) getQuarantined(uid string) (*nftredirv1.GetPodResponse, error) 
 
 // releaseQuarantined releases the capture of uid's quarantined records,
 // under uid's lock. It reports whether there were any.
-func (s *Server) releaseQuarantined(ctx context.Context, uid string) (bool, error) {
-	qs, err := s.store.QuarantinedFor(uid)
+func (m *Manager) releaseQuarantined(ctx context.Context, uid string) (bool, error) {
+	qs, err := m.store.QuarantinedFor(uid)
 	if err != nil || len(qs) == 0 {
 		return false, err
 	}
-	log := s.log.With("pod", uid)
+	log := m.log.With("pod", uid)
 	for _, q := range qs {
-		if err := s.releaseSalvaged(ctx, log.With("file", q.Path), uid, q.Salvage); err != nil {
+		if err := m.releaseSalvaged(ctx, log.With("file", q.Path), uid, q.Salvage); err != nil {
 			return true, fmt.Errorf("release the pod of quarantined record %s: %w", q.Path, err)
 		}
-		if err := s.store.MarkReleased(q.Path); err != nil {
+		if err := m.store.MarkReleased(q.Path); err != nil {
 			return true, err
 		}
 		log.Info("pod of a quarantined record released", "file", q.Path)
 	}
-	s.released(ctx, log, uid)
+	m.released(ctx, log, uid)
 	return true, nil
 }
 
 // releaseSalvaged removes uid's capture from the namespace a damaged
 // record names. When the record names no usable path, every namespace the
-// node has is searched for a table of uid's.
-func (s *Server) releaseSalvaged(ctx context.Context, log hclog.Logger, uid string, sv state.Salvaged) error {
-	routing := s.routing
+// node has is searched for a table of uid'm.
+func (m *Manager) releaseSalvaged(ctx context.Context, log hclog.Logger, uid string, sv state.Salvaged) error {
+	routing := m.routing
 	if sv.Routing != nil && sv.Routing.Netns().Validate() == nil {
 		routing = sv.Routing.Netns()
 	}
@@ -80,9 +78,9 @@ func (s *Server) releaseSalvaged(ctx context.Context, log hclog.Logger, uid stri
 	}
 	if !filepath.IsAbs(sv.NetnsPath) || filepath.Clean(sv.NetnsPath) != sv.NetnsPath {
 		log.Warn("quarantined record names no usable namespace path; searching the node's namespaces for the pod's table")
-		return s.releaseFound(ctx, log, uid, routing)
+		return m.releaseFound(ctx, log, uid, routing)
 	}
-	h, err := s.open(sv.NetnsPath)
+	h, err := m.open(sv.NetnsPath)
 	if err != nil {
 		if namespaceGone(err) {
 			log.Info("the quarantined record's namespace is gone; nothing to release", "netns", sv.NetnsPath, "error", err)
@@ -91,7 +89,7 @@ func (s *Server) releaseSalvaged(ctx context.Context, log hclog.Logger, uid stri
 		return err
 	}
 	defer h.Close()
-	return s.releaseIfOwned(ctx, log, h, uid, recorded, routing)
+	return m.releaseIfOwned(ctx, log, h, uid, recorded, routing)
 }
 
 // releaseIfOwned removes our table and routing from h if the table
@@ -102,11 +100,11 @@ func (s *Server) releaseSalvaged(ctx context.Context, log hclog.Logger, uid stri
 // another pod can program it between the look and the removal; a
 // namespace that is not uid's is never claimed, so a search through the
 // node's namespaces does not hold up other pods' AddPods.
-func (s *Server) releaseIfOwned(ctx context.Context, log hclog.Logger, h *netns.Handle, uid string, recorded netns.ID, routing netns.Routing) error {
+func (m *Manager) releaseIfOwned(ctx context.Context, log hclog.Logger, h capture.Namespace, uid string, recorded netns.ID, routing netns.Routing) error {
 	id := h.ID()
 	log = log.With("netns", h.Path(), "netns_id", id.String())
 	ours := func() (table bool, release bool, err error) {
-		pod, exists, err := s.applier.Owner(ctx, h)
+		pod, exists, err := m.engine.Owner(ctx, h)
 		switch {
 		case err != nil:
 			return false, false, err
@@ -124,56 +122,35 @@ func (s *Server) releaseIfOwned(ctx context.Context, log hclog.Logger, h *netns.
 	if _, release, err := ours(); err != nil || !release {
 		return err
 	}
-	if cur, ok := s.owners.claim(id, uid, ""); !ok {
+	if cur, ok := m.owners.claim(id, uid, ""); !ok {
 		log.Debug("namespace is enrolled by another pod; leaving it alone", "owner", cur)
 		return nil
 	}
 	// uid has no usable record (a valid one is released before this
 	// runs), so it owns no namespace after the call.
-	defer s.owners.release(id, uid)
+	defer m.owners.release(id, uid)
 	table, release, err := ours()
 	if err != nil || !release {
 		return err
 	}
 	if table {
-		if err := s.applier.Remove(ctx, h); err != nil {
-			return err
-		}
+		return m.engine.Remove(ctx, h, routing)
 	}
-	if err := netns.RemoveRouting(h, routing); err != nil {
-		return fmt.Errorf("remove policy routing: %w", err)
-	}
-	return nil
+	return m.engine.RemoveRouting(ctx, h, routing)
 }
-
-// netnsDirs hold bind-mounted namespaces (iproute2's and most CNI
-// runtimes'); every process's namespace is searched too.
-var netnsDirs = []string{"/run/netns", "/var/run/netns"}
 
 // releaseFound searches the node's namespaces for tables carrying uid and
 // releases each. It is the last resort for a record too damaged to name
 // its namespace: slow (one netlink query per namespace) but rare.
-func (s *Server) releaseFound(ctx context.Context, log hclog.Logger, uid string, routing netns.Routing) error {
-	var paths []string
-	for _, d := range netnsDirs {
-		entries, _ := os.ReadDir(d)
-		for _, e := range entries {
-			paths = append(paths, filepath.Join(d, e.Name()))
-		}
-	}
-	procs, _ := os.ReadDir("/proc")
-	for _, e := range procs {
-		if e.Name()[0] >= '0' && e.Name()[0] <= '9' {
-			paths = append(paths, filepath.Join("/proc", e.Name(), "ns", "net"))
-		}
-	}
+func (m *Manager) releaseFound(ctx context.Context, log hclog.Logger, uid string, routing netns.Routing) error {
+	paths := m.engine.Candidates()
 	seen := map[netns.ID]bool{}
 	var errs []error
 	for _, p := range paths {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		h, err := s.guard.Open(p)
+		h, err := m.engine.Open(p)
 		if err != nil {
 			continue // not a namespace we may program, or gone meanwhile
 		}
@@ -183,7 +160,7 @@ func (s *Server) releaseFound(ctx context.Context, log hclog.Logger, uid string,
 		}
 		seen[h.ID()] = true
 		// No recorded identity: only a table carrying uid is touched.
-		if err := s.releaseIfOwned(ctx, log, h, uid, netns.ID{}, routing); err != nil {
+		if err := m.releaseIfOwned(ctx, log, h, uid, netns.ID{}, routing); err != nil {
 			errs = append(errs, err)
 		}
 		h.Close()

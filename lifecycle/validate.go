@@ -1,4 +1,4 @@
-package server
+package lifecycle
 
 import (
 	"fmt"
@@ -46,7 +46,7 @@ func (p problems) err() error {
 	if len(p) > maxShown {
 		p = append(p[:maxShown:maxShown], fmt.Sprintf("and %d more problems", len(p)-maxShown))
 	}
-	return invalidArgument("invalid request: %s", strings.Join(p, "; "))
+	return invalidf("invalid request: %s", strings.Join(p, "; "))
 }
 
 func checkUID(p *problems, uid string) {

@@ -1,11 +1,13 @@
-package server
+package lifecycle
 
 import (
 	"strings"
 	"testing"
 
+	"github.com/nftredir/nftredir/capture"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
+	"github.com/nftredir/nftredir/state"
 )
 
 func TestNewRejectsBadConfig(t *testing.T) {
@@ -13,8 +15,12 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	store, err := state.Open(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	base := func() Config {
-		return Config{Guard: guard, Applier: nft.NewNetlink(), StateDir: t.TempDir()}
+		return Config{Engine: capture.NewKernel(guard, nft.NewNetlink()), Store: store}
 	}
 	badDefaults := nft.DefaultSpec("")
 	badDefaults.InboundPort = badDefaults.OutboundPort
@@ -23,9 +29,9 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		edit func(*Config)
 		want string
 	}{
-		{"no guard", func(c *Config) { c.Guard = nil }, "Guard"},
-		{"no applier", func(c *Config) { c.Applier = nil }, "Applier"},
-		{"relative state dir", func(c *Config) { c.StateDir = "pods" }, "absolute"},
+		{"no engine", func(c *Config) { c.Engine = nil }, "Engine"},
+		{"no store", func(c *Config) { c.Store = nil }, "Store"},
+		{"ack without zds", func(c *Config) { c.ZDSRequireAck = true }, "ZDSRequireAck"},
 		{"routing mark differs from tproxy mark", func(c *Config) {
 			c.Routing = netns.Routing{Mark: 0x222, Mask: 0xfff, Table: 100, Priority: 32764}
 		}, "differs from the tproxy mark"},

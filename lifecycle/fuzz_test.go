@@ -1,4 +1,4 @@
-package server
+package lifecycle
 
 import (
 	"path/filepath"
@@ -6,8 +6,6 @@ import (
 	"slices"
 	"testing"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/nftredir/nftredir/nft"
@@ -56,8 +54,8 @@ func FuzzValidateAdd(f *testing.F) {
 			t.Fatalf("validateAdd is not deterministic: %v / %v", err, err2)
 		}
 		if err != nil {
-			if status.Code(err) != codes.InvalidArgument {
-				t.Fatalf("refusal with code %v: %v", status.Code(err), err)
+			if Classify(err).Kind != KindInvalid {
+				t.Fatalf("refusal of kind %v: %v", Classify(err).Kind, err)
 			}
 			return
 		}

@@ -1,4 +1,4 @@
-package server
+package lifecycle
 
 import (
 	"google.golang.org/protobuf/proto"

@@ -1,10 +1,11 @@
-package server
+package lifecycle
 
 import (
 	"context"
 	"fmt"
 	"strings"
 
+	"github.com/nftredir/nftredir/capture"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 	"github.com/nftredir/nftredir/state"
@@ -13,12 +14,12 @@ import (
 // openRecorded opens the namespace a record names. When the path is gone
 // or now names another namespace it returns a nil handle and the reason;
 // an error means the question could not be answered.
-func (s *Server) openRecorded(rec *state.Record) (*netns.Handle, string, error) {
+func (m *Manager) openRecorded(rec *state.Record) (capture.Namespace, string, error) {
 	want, err := rec.NamespaceID()
 	if err != nil {
 		return nil, "", err
 	}
-	h, err := s.open(rec.NetnsPath)
+	h, err := m.open(rec.NetnsPath)
 	if err != nil {
 		if namespaceGone(err) {
 			return nil, err.Error(), nil
@@ -46,8 +47,8 @@ func (l liveState) inSync() bool {
 }
 
 // inspect opens the record's namespace and compares it with the record.
-func (s *Server) inspect(ctx context.Context, rec *state.Record) (liveState, error) {
-	h, reason, err := s.openRecorded(rec)
+func (m *Manager) inspect(ctx context.Context, rec *state.Record) (liveState, error) {
+	h, reason, err := m.openRecorded(rec)
 	if err != nil {
 		return liveState{}, err
 	}
@@ -55,29 +56,26 @@ func (s *Server) inspect(ctx context.Context, rec *state.Record) (liveState, err
 		return liveState{gone: true, detail: reason}, nil
 	}
 	defer h.Close()
-	return s.inspectHandle(ctx, h, rec)
+	return m.inspectHandle(ctx, h, rec)
 }
 
-func (s *Server) inspectHandle(ctx context.Context, h *netns.Handle, rec *state.Record) (liveState, error) {
+func (m *Manager) inspectHandle(ctx context.Context, h capture.Namespace, rec *state.Record) (liveState, error) {
 	rs, err := rec.Ruleset()
 	if err != nil {
 		return liveState{}, err
 	}
-	st, text, err := s.applier.Verify(ctx, h, rs)
+	live, err := m.engine.Inspect(ctx, h, rs, rec.Routing.Netns())
 	if err != nil {
-		return liveState{}, fmt.Errorf("verify table: %w", err)
+		return liveState{}, err
 	}
-	rt, err := netns.InspectRouting(h, rec.Routing.Netns())
-	if err != nil {
-		return liveState{}, fmt.Errorf("inspect policy routing: %w", err)
-	}
-	l := liveState{table: st, routing: rt, text: text}
+	st, rt := live.Table, live.Routing
+	l := liveState{table: st, routing: rt, text: live.Text}
 	var details []string
 	switch st {
 	case nft.StatusAbsent:
 		details = append(details, fmt.Sprintf("table inet %s is missing", nft.TableName))
 	case nft.StatusDrifted:
-		details = append(details, "the table differs from the record"+driftSummary(text))
+		details = append(details, "the table differs from the record"+driftSummary(live.Text))
 	}
 	if missing := missingRouting(rt); missing != "" {
 		details = append(details, "policy routing is incomplete, missing "+missing)

@@ -1,4 +1,4 @@
-package server
+package lifecycle
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/nftredir/nftredir/netns"
+	"github.com/nftredir/nftredir/capture"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 	"github.com/nftredir/nftredir/state"
 )
@@ -38,20 +38,20 @@ const (
 // replaced. Each pod is handled under its lock, several pods at a time.
 // Per-pod failures are logged and counted, not returned; the error is for
 // a state directory that cannot be read at all.
-func (s *Server) Reconcile(ctx context.Context) (ReconcileResult, error) {
+func (m *Manager) Reconcile(ctx context.Context) (ReconcileResult, error) {
 	var res ReconcileResult
 	start := time.Now()
-	records, err := s.store.List()
+	records, err := m.store.List()
 	if err != nil {
 		return res, fmt.Errorf("reconcile: %w", err)
 	}
 	jobs := make(chan string)
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	for range min(s.workers, len(records)) {
+	for range min(m.workers, len(records)) {
 		wg.Go(func() {
 			for uid := range jobs {
-				o := s.reconcileOne(ctx, uid)
+				o := m.reconcileOne(ctx, uid)
 				mu.Lock()
 				switch o {
 				case outcomeInSync:
@@ -74,21 +74,21 @@ func (s *Server) Reconcile(ctx context.Context) (ReconcileResult, error) {
 	}
 	close(jobs)
 	wg.Wait()
-	s.reconcileProbe(ctx)
+	m.reconcileProbe(ctx)
 	level := hclog.Debug
 	if res.Repaired+res.Dropped+res.Failed+res.Released > 0 {
 		level = hclog.Info
 	}
-	if s.onReconcile != nil {
-		s.onReconcile(res, time.Since(start))
+	if m.onReconcile != nil {
+		m.onReconcile(res, time.Since(start))
 	}
-	s.log.Log(level, "reconcile done", "pods", len(records), "in_sync", res.InSync, "repaired", res.Repaired, "dropped", res.Dropped, "failed", res.Failed, "released", res.Released)
+	m.log.Log(level, "reconcile done", "pods", len(records), "in_sync", res.InSync, "repaired", res.Repaired, "dropped", res.Dropped, "failed", res.Failed, "released", res.Released)
 	return res, nil
 }
 
-func (s *Server) reconcileOne(ctx context.Context, uid string) outcome {
-	log := s.log.With("pod", uid)
-	unlock, err := s.locks.lock(ctx, uid)
+func (m *Manager) reconcileOne(ctx context.Context, uid string) outcome {
+	log := m.log.With("pod", uid)
+	unlock, err := m.locks.lock(ctx, uid)
 	if err != nil {
 		log.Warn("reconcile skipped the pod", "error", err)
 		return outcomeFailed
@@ -96,7 +96,7 @@ func (s *Server) reconcileOne(ctx context.Context, uid string) outcome {
 	defer unlock()
 	// Re-read under the lock: the pod may have been released or moved
 	// since the listing.
-	rec, err := s.store.Get(uid)
+	rec, err := m.store.Get(uid)
 	if err != nil {
 		log.Warn("reconcile cannot read the record", "error", err)
 		return outcomeFailed
@@ -106,24 +106,24 @@ func (s *Server) reconcileOne(ctx context.Context, uid string) outcome {
 	}
 	log = log.With("netns", rec.NetnsPath)
 	if rec.Removing {
-		return s.reconcileRemoving(ctx, log, rec)
+		return m.reconcileRemoving(ctx, log, rec)
 	}
 	// A move that crashed before cleaning up the namespace left behind.
-	s.finishLeaving(log, rec)
+	m.finishLeaving(log, rec)
 	id, _ := rec.NamespaceID()
-	if cur, ok := s.owners.claim(id, uid, ""); !ok {
-		return s.drop(ctx, log, rec, fmt.Sprintf("namespace %s is enrolled by pod %s", id, cur))
+	if cur, ok := m.owners.claim(id, uid, ""); !ok {
+		return m.drop(ctx, log, rec, fmt.Sprintf("namespace %s is enrolled by pod %s", id, cur))
 	}
-	h, reason, err := s.openRecorded(rec)
+	h, reason, err := m.openRecorded(rec)
 	if err != nil {
 		log.Warn("reconcile cannot open the namespace", "error", err)
 		return outcomeFailed
 	}
 	if h == nil {
-		return s.drop(ctx, log, rec, reason)
+		return m.drop(ctx, log, rec, reason)
 	}
 	defer h.Close()
-	live, err := s.inspectHandle(ctx, h, rec)
+	live, err := m.inspectHandle(ctx, h, rec)
 	if err != nil {
 		log.Warn("reconcile cannot inspect the namespace", "error", err)
 		return outcomeFailed
@@ -132,47 +132,44 @@ func (s *Server) reconcileOne(ctx context.Context, uid string) outcome {
 		return outcomeInSync
 	}
 	log.Info("repairing", "detail", live.detail)
-	if err := s.repair(ctx, h, rec); err != nil {
+	if err := m.repair(ctx, h, rec); err != nil {
 		log.Error("repair failed; retrying next pass", "error", err)
 		return outcomeFailed
 	}
 	return outcomeRepaired
 }
 
-func (s *Server) repair(ctx context.Context, h *netns.Handle, rec *state.Record) error {
+func (m *Manager) repair(ctx context.Context, h capture.Namespace, rec *state.Record) error {
 	rs, err := rec.Ruleset()
 	if err != nil {
 		return err
 	}
-	if err := netns.EnsureRouting(h, rec.Routing.Netns()); err != nil {
-		return fmt.Errorf("install policy routing: %w", err)
-	}
-	if err := s.applier.Apply(ctx, h, rs); err != nil {
+	if err := m.engine.Apply(ctx, h, rs, rec.Routing.Netns()); err != nil {
 		return err
 	}
-	rec.UpdatedAt = s.now()
-	if err := s.store.Put(rec); err != nil {
+	rec.UpdatedAt = m.now()
+	if err := m.store.Put(rec); err != nil {
 		// The kernel matches the record's intent; only the timestamp is
 		// stale, which is not worth failing the repair for.
-		s.log.Warn("cannot update the record's timestamp", "pod", rec.PodUID, "error", err)
+		m.log.Warn("cannot update the record's timestamp", "pod", rec.PodUID, "error", err)
 	}
 	return nil
 }
 
 // drop removes a record whose namespace is no longer the one enrolled.
 // Nothing is programmed anywhere: the path may now lead to a namespace
-// that is not this pod's.
-func (s *Server) drop(ctx context.Context, log hclog.Logger, rec *state.Record, reason string) outcome {
-	defer s.lockProbe()()
-	if err := s.store.Delete(rec.PodUID); err != nil {
+// that is not this pod'm.
+func (m *Manager) drop(ctx context.Context, log hclog.Logger, rec *state.Record, reason string) outcome {
+	defer m.lockProbe()()
+	if err := m.store.Delete(rec.PodUID); err != nil {
 		log.Error("cannot drop the record", "error", err)
 		return outcomeFailed
 	}
 	if id, err := rec.NamespaceID(); err == nil {
-		s.owners.release(id, rec.PodUID)
+		m.owners.release(id, rec.PodUID)
 	}
-	s.released(ctx, log, rec.PodUID)
-	s.watch.publish(nftredirv1.EventType_EVENT_TYPE_REMOVED, podProto(rec))
+	m.released(ctx, log, rec.PodUID)
+	m.watch.Publish(nftredirv1.EventType_EVENT_TYPE_REMOVED, podProto(rec))
 	log.Info("record dropped", "reason", reason)
 	return outcomeDropped
 }
@@ -180,9 +177,9 @@ func (s *Server) drop(ctx context.Context, log hclog.Logger, rec *state.Record, 
 // reconcileRemoving finishes a RemovePod that recorded its intent but did
 // not complete: the caller asked for the pod to go, so its capture is
 // released rather than restored.
-func (s *Server) reconcileRemoving(ctx context.Context, log hclog.Logger, rec *state.Record) outcome {
-	defer s.lockProbe()()
-	if err := s.finishRemove(ctx, rec); err != nil {
+func (m *Manager) reconcileRemoving(ctx context.Context, log hclog.Logger, rec *state.Record) outcome {
+	defer m.lockProbe()()
+	if err := m.finishRemove(ctx, rec); err != nil {
 		log.Error("cannot finish an interrupted RemovePod; retrying next pass", "error", err)
 		return outcomeFailed
 	}

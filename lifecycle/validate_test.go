@@ -1,4 +1,4 @@
-package server
+package lifecycle
 
 import (
 	"net/netip"
@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/nftredir/nftredir/nft"
@@ -86,10 +84,10 @@ func TestValidateAddRejects(t *testing.T) {
 			req := validAdd()
 			tt.edit(req)
 			_, err := validateAdd(req, nft.DefaultSpec(""))
-			if status.Code(err) != codes.InvalidArgument {
-				t.Fatalf("code = %v (%v), want InvalidArgument", status.Code(err), err)
+			if Classify(err).Kind != KindInvalid {
+				t.Fatalf("kind = %v (%v), want KindInvalid", Classify(err).Kind, err)
 			}
-			if msg := status.Convert(err).Message(); !strings.Contains(msg, tt.expect) {
+			if msg := err.Error(); !strings.Contains(msg, tt.expect) {
 				t.Fatalf("message %q does not say %q", msg, tt.expect)
 			}
 		})
@@ -99,7 +97,7 @@ func TestValidateAddRejects(t *testing.T) {
 func TestValidateAddListsEveryProblemOnce(t *testing.T) {
 	req := &nftredirv1.AddPodRequest{Options: &nftredirv1.RedirectOptions{ExcludeInboundPorts: make([]uint32, 1000)}}
 	_, err := validateAdd(req, nft.DefaultSpec(""))
-	msg := status.Convert(err).Message()
+	msg := err.Error()
 	for _, want := range []string{"pod_uid is required", "netns_path is required", "more problems"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("message %q lacks %q", msg, want)
@@ -215,7 +213,7 @@ func addrText(a netip.Addr) string {
 }
 
 func TestValidateUID(t *testing.T) {
-	if err := validateUID(""); status.Code(err) != codes.InvalidArgument {
+	if err := validateUID(""); Classify(err).Kind != KindInvalid {
 		t.Errorf("empty uid: %v", err)
 	}
 	if err := validateUID("ok-uid"); err != nil {
