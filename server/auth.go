@@ -10,10 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
-	"google.golang.org/grpc/status"
 
 	"github.com/nftredir/nftredir/internal/peercred"
 )
@@ -102,17 +100,17 @@ func newAllowList(uids, gids []uint32) allowList {
 func (a allowList) authorize(ctx context.Context) error {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
-		return status.Error(codes.Unauthenticated, "caller unknown: no peer information on the connection")
+		return errNoPeer
 	}
 	info, ok := p.AuthInfo.(PeerInfo)
 	if !ok || info.Ucred == nil {
-		return status.Error(codes.Unauthenticated, "caller's credentials could not be read; connect over nftredird's Unix socket")
+		return errNoCredentials
 	}
 	if a.Allows(info.cred()) {
 		return nil
 	}
 	c := info.Ucred
-	return status.Errorf(codes.PermissionDenied, "caller uid %d gid %d is not allowed; start nftredird with --allow-uid/--allow-gid", c.Uid, c.Gid)
+	return callerNotAllowed(c.Uid, c.Gid)
 }
 
 // exemptFromAuth lists methods anyone who can reach the socket may call:

@@ -14,13 +14,11 @@ import (
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	reflectiongrpc "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	reflectionalphagrpc "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
@@ -60,7 +58,7 @@ func (s *Server) NewGRPCServer() *grpc.Server {
 	})
 	recoverOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		s.log.Error("panic in request handler", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-		return status.Error(codes.Internal, "internal error; the daemon log has the details")
+		return errPanicked
 	})
 	gs := grpc.NewServer(
 		grpc.Creds(PeerCredentials{}),

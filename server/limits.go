@@ -11,9 +11,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
-	"google.golang.org/grpc/status"
 )
 
 // Limits bound what callers can make the daemon hold: connections and
@@ -209,7 +207,7 @@ func (c *limitedConn) SyscallConn() (syscall.RawConn, error) {
 func (s *Server) watchSlot(ctx context.Context) (func(), error) {
 	uid := callerUID(ctx)
 	if ok, which := s.watchers.take(uid); !ok {
-		return nil, status.Errorf(codes.ResourceExhausted, "too many open WatchPods streams (%s); close one or share a watch", which)
+		return nil, tooManyWatchers(which)
 	}
 	return func() { s.watchers.put(uid) }, nil
 }

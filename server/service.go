@@ -5,8 +5,6 @@ import (
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
@@ -18,7 +16,7 @@ var _ nftredirv1.RedirectServiceServer = (*Server)(nil)
 // state that is not there.
 func (s *Server) checkReady() error {
 	if !s.ready.Load() {
-		return status.Error(codes.Unavailable, "nftredird is starting or stopping (reconciling recorded pods); retry shortly")
+		return errNotReady
 	}
 	return nil
 }

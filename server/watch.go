@@ -6,7 +6,6 @@ import (
 	"github.com/nftredir/nftredir/internal/podevents"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
@@ -25,7 +24,7 @@ func streamWatch(s *podevents.Subscription, out grpc.ServerStreamingServer[nftre
 	case err := <-sent:
 		return err
 	case <-s.Cut:
-		return status.Errorf(codes.ResourceExhausted, "watcher fell more than %d events behind; reconnect and treat the new snapshot as the complete set", podevents.Buffer)
+		return errWatcherBehind
 	}
 }
 
@@ -52,7 +51,7 @@ func sendWatch(s *podevents.Subscription, out grpc.ServerStreamingServer[nftredi
 						return err
 					}
 				default:
-					return status.Error(codes.Unavailable, "nftredird is stopping; reconnect")
+					return errStopping
 				}
 			}
 		case <-s.Cut:
