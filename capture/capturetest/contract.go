@@ -405,15 +405,20 @@ func testReplaced(t *testing.T, e Env) {
 	}
 }
 
-// The descriptor is open until Close, and a closed Namespace is refused
-// rather than worked on in some other namespace.
+// The descriptor is open until Close and names the namespace (fstat
+// gives the ID's dev:ino), and a closed Namespace is refused rather than
+// worked on in some other namespace.
 func testClosed(t *testing.T, e Env) {
 	rs, r := ruleset(t, podA), netns.DefaultRouting()
 	path := e.NewNamespace(t)
 	ns := open(t, e, path)
 	fd := ns.Fd()
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
+	id, err := FileID(fd)
+	if err != nil {
 		t.Fatalf("Fd %d of an open namespace: %v", fd, err)
+	}
+	if !id.SameFile(ns.ID()) {
+		t.Errorf("Fd names %s, the namespace is %s", id, ns.ID())
 	}
 	if err := ns.Close(); err != nil {
 		t.Fatalf("Close: %v", err)

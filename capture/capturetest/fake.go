@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -35,10 +36,6 @@ const (
 	OpOwner         Op = "Owner"
 )
 
-// fakeDev is the device number of the Fake's namespaces. Real nsfs has a
-// device of its own too; any constant keeps IDs of one Fake comparable.
-const fakeDev = 4
-
 // HostPaths are the paths at which a new Fake has the node's own
 // namespace, which Open refuses as the kernel engine's guard does.
 var HostPaths = []string{"/proc/self/ns/net", "/proc/1/ns/net"}
@@ -61,12 +58,12 @@ var HostPaths = []string{"/proc/self/ns/net", "/proc/1/ns/net"}
 type Fake struct {
 	mu sync.Mutex
 	// protects the following fields
-	paths   map[string]*entry
-	nextIno uint64
-	fail    map[Op][]error
-	calls   map[Op]int
-	changes int
-	open    int
+	paths      map[string]*entry
+	nextCookie uint64
+	fail       map[Op][]error
+	calls      map[Op]int
+	changes    int
+	open       int
 }
 
 var _ capture.Engine = (*Fake)(nil)
@@ -81,6 +78,10 @@ type entry struct {
 // space is one network namespace's capture state.
 type space struct {
 	id netns.ID
+	// file stands in for the namespace's nsfs file: an anonymous file
+	// whose device and inode are the ID's, so an fd of it (dup'd by Open)
+	// tells by fstat which namespace it names, as a real one does.
+	file *os.File
 	// table is the ruleset last applied; nil when there is no table.
 	table *nft.Ruleset
 	// edited and foreign say how the table was tampered with since:
@@ -118,11 +119,25 @@ func NewFake() *Fake {
 }
 
 func (f *Fake) newSpace() *space {
-	f.nextIno++
-	// Cookies are never reused; a distinct high half keeps them from
-	// looking like inode numbers in test output.
+	fd, err := unix.MemfdCreate("capturetest-netns", unix.MFD_CLOEXEC)
+	if err != nil {
+		panic(fmt.Sprintf("capturetest: memfd_create: %v", err))
+	}
+	// os.File closes it once the Fake is garbage.
+	file := os.NewFile(uintptr(fd), "capturetest-netns")
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		panic(fmt.Sprintf("capturetest: fstat memfd: %v", err))
+	}
+	return f.spaceOf(file, st.Dev, st.Ino)
+}
+
+func (f *Fake) spaceOf(file *os.File, dev, ino uint64) *space {
+	// Cookies are never reused, as the kernel's.
+	f.nextCookie++
 	return &space{
-		id:     netns.ID{Dev: fakeDev, Ino: 4026531000 + f.nextIno, Cookie: 1<<32 + f.nextIno},
+		id:     netns.ID{Dev: dev, Ino: ino, Cookie: f.nextCookie},
+		file:   file,
 		rules:  map[ruleKey]bool{},
 		routes: map[routeKey]bool{},
 	}
@@ -162,8 +177,7 @@ func (f *Fake) ReplaceReusingInode(path string) netns.ID {
 	if old == nil || old.ns == nil {
 		panic(fmt.Sprintf("capturetest: ReplaceReusingInode(%q): no namespace there", path))
 	}
-	sp := f.newSpace()
-	sp.id.Dev, sp.id.Ino = old.ns.id.Dev, old.ns.id.Ino
+	sp := f.spaceOf(old.ns.file, old.ns.id.Dev, old.ns.id.Ino)
 	f.paths[path] = &entry{ns: sp}
 	return sp.id
 }
@@ -342,8 +356,10 @@ func (sp *space) dump() string {
 }
 
 // Namespace is a namespace the Fake opened. Its Fd is a real open
-// descriptor (of /dev/null), so code that passes it on over SCM_RIGHTS
-// works; it is not a namespace.
+// descriptor, so code that passes it on over SCM_RIGHTS works, and fstat
+// of it (or of a copy received over a socket) gives the ID's Dev and Ino,
+// as for a real namespace (see FileID); it is not a namespace, so
+// NS_GET_NSTYPE fails on it.
 type Namespace struct {
 	f    *Fake
 	path string
@@ -419,7 +435,7 @@ func (f *Fake) Open(path string) (capture.Namespace, error) {
 	case e.host:
 		return nil, fmt.Errorf("%s (%s): %w", path, e.ns.id, netns.ErrHostNetns)
 	}
-	fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	fd, err := unix.FcntlInt(e.ns.file.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
@@ -671,4 +687,16 @@ func (f *Fake) Candidates() []string {
 	}
 	sort.Strings(paths)
 	return paths
+}
+
+// FileID returns the device and inode of the file fd refers to, as an ID
+// without a cookie: for an fd of a namespace of either engine (or one
+// received from a Namespace's Fd over SCM_RIGHTS) it is SameFile as the
+// namespace's ID.
+func FileID(fd int) (netns.ID, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return netns.ID{}, fmt.Errorf("fstat fd %d: %w", fd, err)
+	}
+	return netns.ID{Dev: st.Dev, Ino: st.Ino}, nil
 }

@@ -119,9 +119,10 @@ func TestFakeInjectedFailuresAndCounts(t *testing.T) {
 }
 
 // The fd of a fake namespace is real enough to pass over SCM_RIGHTS, as
-// the ZDS server does.
+// the ZDS server does, and the receiver can tell which namespace it is.
 func TestFakeFdIsSendable(t *testing.T) {
 	f := capturetest.NewFake()
+	f.AddNamespace("/run/netns/other")
 	f.AddNamespace("/run/netns/pod")
 	ns, err := f.Open("/run/netns/pod")
 	if err != nil {
@@ -150,7 +151,11 @@ func TestFakeFdIsSendable(t *testing.T) {
 	if err != nil || len(got) != 1 {
 		t.Fatalf("rights: %v, %v", got, err)
 	}
-	unix.Close(got[0])
+	defer unix.Close(got[0])
+	id, err := capturetest.FileID(got[0])
+	if err != nil || !id.SameFile(ns.ID()) {
+		t.Errorf("received fd names %s (%v), want %s", id, err, ns.ID())
+	}
 }
 
 func TestFakeIdentities(t *testing.T) {
