@@ -25,7 +25,7 @@ import (
 // Op names an Engine method, for counting calls and injecting failures.
 type Op string
 
-// The Engine's methods, and Close of the namespaces it opens.
+// The Engine's methods.
 const (
 	OpOpen          Op = "Open"
 	OpApply         Op = "Apply"
