@@ -2,8 +2,8 @@
 // takes it out again: policy routing and the nftables table, always in the
 // same order. The lifecycle engine and the ZDS server reach namespaces
 // only through an Engine, so their logic runs the same on the kernel and
-// on the in-memory Fake, which the contract suite holds to the kernel's
-// behaviour.
+// on the in-memory capturetest.Fake, which the contract suite
+// (capturetest.Run) holds to the kernel's behaviour.
 package capture
 
 import (

@@ -11,7 +11,9 @@ import (
 )
 
 // Kernel is the Engine of the real node: namespaces opened through a
-// netns.Guard, tables programmed by an nft.Applier over netlink.
+// netns.Guard, tables programmed by an nft.Applier over netlink. Open
+// enters the namespace once, to make the netlink sockets that all later
+// work on the Namespace goes through (see package netns).
 type Kernel struct {
 	guard   *netns.Guard
 	applier nft.Applier

@@ -1,6 +1,13 @@
 // Package netns opens caller-supplied network namespace paths safely and
-// runs netlink work (policy routing) inside them without ever moving a
-// thread of the calling process into the namespace.
+// runs netlink work (policy routing) inside them.
+//
+// Netlink sockets belong to the namespace of the thread that creates
+// them. Open enters the namespace once, on a locked OS thread of its own
+// that nothing else runs on (see onSacrificialThread), reads the cookie
+// and makes there every socket later work on the handle uses (rtnetlink,
+// and the nftables connections package nft asks for through Netfilter);
+// then the thread goes back, or is destroyed if it cannot. No other
+// goroutine's thread ever changes namespace.
 package netns
 
 import (
@@ -103,6 +110,11 @@ type Handle struct {
 	fd   int
 	path string
 	id   ID
+
+	mu sync.Mutex
+	// protects the following field: the sockets made inside the
+	// namespace, serialised because each carries one exchange at a time
+	c conns
 }
 
 // Fd is the open namespace file descriptor, valid until Close.
@@ -114,11 +126,18 @@ func (h *Handle) Path() string { return h.path }
 // ID is the namespace identity (dev:ino) read from the open fd.
 func (h *Handle) ID() ID { return h.id }
 
-// Close releases the fd. Safe to call twice.
+// Close releases the fd and the sockets made inside the namespace. Safe
+// to call twice.
 func (h *Handle) Close() error {
-	if h == nil || h.fd < 0 {
+	if h == nil {
 		return nil
 	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.fd < 0 {
+		return nil
+	}
+	h.closeConns()
 	err := unix.Close(h.fd)
 	h.fd = -1
 	return err
@@ -334,12 +353,7 @@ func (g *Guard) check(h *Handle) error {
 			return fmt.Errorf("%s (%s): %w", h.path, h.id, ErrHostNetns)
 		}
 	}
-	cookie, err := cookieOf(h.fd)
-	if err != nil {
-		return fmt.Errorf("read cookie of %s: %w", h.path, err)
-	}
-	h.id.Cookie = cookie
-	return nil
+	return h.visit(&h.id.Cookie)
 }
 
 // StatID returns the identity of the namespace at path without keeping it

@@ -6,7 +6,6 @@ import (
 	"net"
 
 	"github.com/vishvananda/netlink"
-	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -59,21 +58,6 @@ func (s RoutingState) Complete() bool {
 // Absent reports whether none of our rules or routes exist.
 func (s RoutingState) Absent() bool {
 	return !s.V4Rule && !s.V4Route && !s.V6Rule && !s.V6Route
-}
-
-// routeHandle opens an rtnetlink socket inside the namespace. Only
-// NETLINK_ROUTE is asked for: NewHandleAt otherwise opens XFRM and
-// NETFILTER sockets too.
-func routeHandle(h *Handle) (*netlink.Handle, error) {
-	var nh *netlink.Handle
-	err := onSacrificialThread(func() (err error) {
-		nh, err = netlink.NewHandleAt(vnetns.NsHandle(h.fd), unix.NETLINK_ROUTE)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("rtnetlink in %s: %w", h.path, err)
-	}
-	return nh, nil
 }
 
 func (r Routing) rule(family int) *netlink.Rule {
@@ -147,11 +131,10 @@ func EnsureRouting(h *Handle, r Routing) error {
 	if err := r.Validate(); err != nil {
 		return err
 	}
-	nh, err := routeHandle(h)
-	if err != nil {
-		return err
-	}
-	defer nh.Close()
+	return h.withRoute(func(nh *netlink.Handle) error { return ensureRouting(nh, r) })
+}
+
+func ensureRouting(nh *netlink.Handle, r Routing) error {
 	lo, err := loopback(nh)
 	if err != nil {
 		return err
@@ -189,11 +172,10 @@ func EnsureRouting(h *Handle, r Routing) error {
 // foreign rule at the same priority is left alone; the route is matched
 // without its device.
 func RemoveRouting(h *Handle, r Routing) error {
-	nh, err := routeHandle(h)
-	if err != nil {
-		return err
-	}
-	defer nh.Close()
+	return h.withRoute(func(nh *netlink.Handle) error { return removeRouting(nh, r) })
+}
+
+func removeRouting(nh *netlink.Handle, r Routing) error {
 	var errs []error
 	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
 		// The kernel deletes at most one matching rule per call; loop in
@@ -219,11 +201,15 @@ func RemoveRouting(h *Handle, r Routing) error {
 // InspectRouting reports what of our routing exists in the namespace.
 func InspectRouting(h *Handle, r Routing) (RoutingState, error) {
 	var st RoutingState
-	nh, err := routeHandle(h)
-	if err != nil {
-		return st, err
-	}
-	defer nh.Close()
+	err := h.withRoute(func(nh *netlink.Handle) (err error) {
+		st, err = inspectRouting(nh, r)
+		return err
+	})
+	return st, err
+}
+
+func inspectRouting(nh *netlink.Handle, r Routing) (RoutingState, error) {
+	var st RoutingState
 	lo, fams, err := families(nh)
 	if err != nil {
 		return st, err

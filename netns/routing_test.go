@@ -285,3 +285,17 @@ func TestRoutingWithRenamedLoopback(t *testing.T) {
 		t.Errorf("InspectRouting: %+v, want complete", st)
 	}
 }
+
+// TestRoutingRefusesClosedHandle: a closed handle has no namespace left;
+// routing work on it must fail, not fall back to the caller's own
+// namespace (vishvananda/netlink treats fd -1 as "the current one").
+// Only reads are tried, so a failure cannot touch the test's namespace.
+func TestRoutingRefusesClosedHandle(t *testing.T) {
+	h := openNetns(t, nstest.NewNetns(t))
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := netns.InspectRouting(h, netns.DefaultRouting()); err == nil {
+		t.Errorf("InspectRouting on a closed handle = %+v, nil; want an error", st)
+	}
+}

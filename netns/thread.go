@@ -6,12 +6,12 @@ import (
 	vnetns "github.com/vishvananda/netns"
 )
 
-// onSacrificialThread runs fn on a fresh goroutine locked to its OS thread.
-// The netlink libraries create sockets inside a namespace by switching the
-// calling thread in and back, ignoring a failure to switch back. Running
-// them here confines that switch to a thread nothing else uses, and if the
-// thread is not back in the process's namespace afterwards it stays locked,
-// so the runtime destroys it when the goroutine ends instead of reusing it.
+// onSacrificialThread runs fn on a fresh goroutine locked to its OS thread,
+// for work that switches the thread into another namespace and back (a
+// socket belongs to the namespace of the thread that creates it). Nothing
+// else runs on that thread meanwhile, and if it is not back in the
+// process's namespace afterwards it stays locked, so the runtime destroys
+// it when the goroutine ends instead of reusing it.
 func onSacrificialThread(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {

@@ -31,8 +31,9 @@ func (s Status) String() string {
 	return "unknown"
 }
 
-// Applier programs rulesets into namespaces. Netlink is the real one;
-// tests of callers can use Fake.
+// Applier programs rulesets into namespaces. Netlink is the only one:
+// tests of callers fake the whole capture engine instead
+// (capture/capturetest.Fake).
 type Applier interface {
 	// Apply replaces our table with rs in one kernel transaction: on error
 	// the previous table (or its absence) is left exactly as it was.

@@ -16,37 +16,21 @@ import (
 )
 
 // Netlink is the Applier that talks to the kernel through google/nftables,
-// with a netlink socket opened inside the target namespace through its fd.
-// No thread of the process ever enters the namespace.
+// over the netlink sockets the namespace's handle made inside it when it
+// was opened (see netns.Handle.Netfilter), so no call enters the
+// namespace again.
 type Netlink struct{}
 
 var _ Applier = (*Netlink)(nil)
 
-// NewNetlink returns the kernel applier. It holds no state: every call
-// opens its own netlink socket, so calls for different pods run in
-// parallel and a failed batch cannot poison the next one.
+// NewNetlink returns the kernel applier. It holds no state: the sockets
+// belong to each namespace's handle, so calls for different pods run in
+// parallel, and a handle drops its sockets after a failed batch, which
+// then cannot poison the next one.
 func NewNetlink() *Netlink { return &Netlink{} }
 
 func table() *nftables.Table {
 	return &nftables.Table{Name: TableName, Family: nftables.TableFamilyINet}
-}
-
-// closeLater closes a lasting connection off the caller's path. After a
-// batch that deleted anything (a table, rules), closing the socket waits
-// for an RCU grace period in the kernel, 5-25 ms here; the batch has
-// already committed by then, so nobody needs to wait for the close.
-func closeLater(c *nftables.Conn) { go c.CloseLasting() }
-
-func conn(ns *netns.Handle, lasting bool) (*nftables.Conn, error) {
-	opts := []nftables.ConnOption{nftables.WithNetNSFd(ns.Fd())}
-	if lasting {
-		opts = append(opts, nftables.AsLasting())
-	}
-	c, err := nftables.New(opts...)
-	if err != nil {
-		return nil, fmt.Errorf("nftables in %s: %w", ns.Path(), err)
-	}
-	return c, nil
 }
 
 // Apply programs rs as our table in one kernel transaction. Deleting a
@@ -67,30 +51,28 @@ func (n *Netlink) Apply(ctx context.Context, ns *netns.Handle, rs *Ruleset) erro
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	live, err := readLive(ns)
-	if err != nil {
-		return fmt.Errorf("apply table %s in %s: %w", TableName, ns.Path(), err)
-	}
-	mode := replaceTable
-	switch {
-	case live == nil:
-		mode = createFresh
-	case len(compare(live, rs)) == 0:
-		return nil
-	case live.Flags == 0 && sameChains(live, rs):
-		mode = flushRules
-	}
-	c, err := conn(ns, true)
-	if err != nil {
+	err := ns.Netfilter(func(c *nftables.Conn, r *nftlive.Conn) error {
+		live, err := readLive(r)
+		if err != nil {
+			return err
+		}
+		mode := replaceTable
+		switch {
+		case live == nil:
+			mode = createFresh
+		case len(compare(live, rs)) == 0:
+			return nil
+		case live.Flags == 0 && sameChains(live, rs):
+			mode = flushRules
+		}
+		err = flush(c, rs, mode)
+		if err != nil && mode != replaceTable {
+			// The table changed between the look and the batch; the full
+			// replace tolerates any prior state.
+			err = flush(c, rs, replaceTable)
+		}
 		return err
-	}
-	defer closeLater(c)
-	err = flush(c, rs, mode)
-	if err != nil && mode != replaceTable {
-		// The table changed between the look and the batch; the full
-		// replace tolerates any prior state.
-		err = flush(c, rs, replaceTable)
-	}
+	})
 	if err != nil {
 		return fmt.Errorf("apply table %s in %s: %w", TableName, ns.Path(), err)
 	}
@@ -133,14 +115,8 @@ func flush(c *nftables.Conn, rs *Ruleset, mode applyMode) error {
 	return c.Flush()
 }
 
-// readLive reads our table, raw, over a socket of its own; nil when there
-// is no table.
-func readLive(ns *netns.Handle) (*nftlive.Table, error) {
-	c, err := nftlive.Dial(ns.Fd())
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
+// readLive reads our table, raw; nil when there is no table.
+func readLive(c *nftlive.Conn) (*nftlive.Table, error) {
 	t, err := c.ReadTable(nftables.TableFamilyINet, TableName)
 	if nftlive.IsNotFound(err) {
 		return nil, nil
@@ -298,18 +274,16 @@ func (n *Netlink) Remove(ctx context.Context, ns *netns.Handle) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	c, err := conn(ns, true)
+	err := ns.Netfilter(func(c *nftables.Conn, _ *nftlive.Conn) error {
+		if _, err := c.ListTableOfFamily(TableName, nftables.TableFamilyINet); errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		t := table()
+		c.AddTable(t)
+		c.DelTable(t)
+		return c.Flush()
+	})
 	if err != nil {
-		return err
-	}
-	defer closeLater(c)
-	if _, err := c.ListTableOfFamily(TableName, nftables.TableFamilyINet); errors.Is(err, unix.ENOENT) {
-		return nil
-	}
-	t := table()
-	c.AddTable(t)
-	c.DelTable(t)
-	if err := c.Flush(); err != nil {
 		return fmt.Errorf("remove table %s in %s: %w", TableName, ns.Path(), err)
 	}
 	return nil
@@ -324,7 +298,11 @@ func (n *Netlink) Verify(ctx context.Context, ns *netns.Handle, rs *Ruleset) (St
 	if err := ctx.Err(); err != nil {
 		return 0, "", err
 	}
-	live, err := readLive(ns)
+	var live *nftlive.Table
+	err := ns.Netfilter(func(_ *nftables.Conn, r *nftlive.Conn) (err error) {
+		live, err = readLive(r)
+		return err
+	})
 	if err != nil {
 		return 0, "", fmt.Errorf("verify table %s in %s: %w", TableName, ns.Path(), err)
 	}

@@ -2,14 +2,12 @@ package nft
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/google/nftables"
-	"github.com/google/nftables/userdata"
-	"golang.org/x/sys/unix"
 
+	"github.com/nftredir/nftredir/internal/nftlive"
 	"github.com/nftredir/nftredir/netns"
 )
 
@@ -43,33 +41,21 @@ func (n *Netlink) Owner(ctx context.Context, ns *netns.Handle) (pod string, exis
 	if err := ctx.Err(); err != nil {
 		return "", false, err
 	}
-	c, err := conn(ns, true)
+	var live *nftlive.Table
+	err = ns.Netfilter(func(_ *nftables.Conn, r *nftlive.Conn) (err error) {
+		live, err = readLive(r)
+		return err
+	})
 	if err != nil {
-		return "", false, err
-	}
-	defer c.CloseLasting()
-	if _, err := c.ListTableOfFamily(TableName, nftables.TableFamilyINet); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return "", false, nil
-		}
 		return "", false, fmt.Errorf("owner of table %s in %s: %w", TableName, ns.Path(), err)
 	}
-	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
-	if err != nil {
-		return "", true, fmt.Errorf("owner of table %s in %s: list chains: %w", TableName, ns.Path(), err)
+	if live == nil {
+		return "", false, nil
 	}
 	owner := ""
-	for _, ch := range chains {
-		if ch.Table == nil || ch.Table.Name != TableName {
-			continue
-		}
-		rules, err := c.GetRules(table(), ch)
-		if err != nil {
-			return "", true, fmt.Errorf("owner of table %s in %s: list rules of %s: %w", TableName, ns.Path(), ch.Name, err)
-		}
-		for _, r := range rules {
-			comment, _ := userdata.GetString(r.UserData, userdata.TypeComment)
-			pod, ok := podOfComment(comment)
+	for _, ch := range live.Chains {
+		for _, r := range ch.Rules {
+			pod, ok := podOfComment(r.Comment)
 			if !ok || (owner != "" && pod != owner) {
 				return "", true, nil
 			}
