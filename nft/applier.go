@@ -31,8 +31,8 @@ func (s Status) String() string {
 	return "unknown"
 }
 
-// Applier programs rulesets into namespaces. Netlink is the real one;
-// tests of callers can use Fake.
+// Applier programs rulesets into namespaces. Netlink, the kernel's, is
+// the only implementation.
 type Applier interface {
 	// Apply replaces our table with rs in one kernel transaction: on error
 	// the previous table (or its absence) is left exactly as it was.

@@ -16,8 +16,11 @@ import (
 )
 
 // Netlink is the Applier that talks to the kernel through google/nftables,
-// with a netlink socket opened inside the target namespace through its fd.
-// No thread of the process ever enters the namespace.
+// with netlink sockets opened inside the target namespace through its fd.
+// mdlayher/socket makes each socket on a goroutine locked to an OS thread
+// that enters the namespace for the socket() call and returns (a thread
+// that cannot return is never reused); the caller's goroutine never
+// changes namespace.
 type Netlink struct{}
 
 var _ Applier = (*Netlink)(nil)
