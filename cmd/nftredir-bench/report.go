@@ -797,8 +797,8 @@ func (r *report) ratioNote() string {
 	fmt.Fprintf(&sb, "- *%s*: in this run AddPod's p50 (%.2f ms) would have to be at most %s.", strings.Join(goals, "* and *"),
 		spreadOf(per(r.seqAdd(), p50Of)).med, strings.Join(needs, " and "))
 	if k > 0 {
-		fmt.Fprintf(&sb, " Its kernel phases alone (nft batch %.2f ms, policy routing %.2f ms, node probe set %.2f ms; p50s timed one by one) add up to %.2f ms, %s.",
-			r.phaseP50(phApply), r.phaseP50(phRouting), r.phaseP50(phProbe), k, sideText(sides))
+		fmt.Fprintf(&sb, " Its kernel phases alone (ip rule + route %.2f ms, nft table %.2f ms, node probe set %.2f ms; p50s timed one by one) add up to %.2f ms, %s.",
+			r.phaseP50(phRouting), r.phaseP50(phApply), r.phaseP50(phProbe), k, sideText(sides))
 	}
 	if ex := r.execFloor(); ex > 0 {
 		var shares []string
