@@ -8,7 +8,7 @@ export PATH := $(BIN):$(PATH)
 
 PKGS := ./...
 
-.PHONY: all build image test unit lint lint-go staticcheck demo bench deps deps-k8s e2e-k8s clean fuzz
+.PHONY: all build image test unit race lint lint-go staticcheck demo bench deps deps-k8s e2e-k8s clean fuzz
 
 all: build
 
@@ -61,7 +61,20 @@ lint-go:
 # cores one package at a time is faster and calmer than contention.
 test: deps-k8s lint-go build
 	$(GO) test -p 1 -count=1 -timeout 15m $(PKGS)
+	@$(MAKE) --no-print-directory race
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(CI_FUZZTIME)
+
+# The pure tests of the packages that run goroutines of their own (gRPC
+# and ZDS servers, watchers, the probe table's sender, the CNI plugin's
+# client, informers) under the race detector. Kernel tests are left out
+# (NFTREDIR_SKIP_PRIVILEGED): their time is spent in the kernel, where
+# the detector sees nothing, and they run above without it. capture is
+# listed for its in-memory engine's tests.
+RACE_PKGS := ./capture/... ./client/... ./server/... ./zds/... ./kube/... ./probe/... ./nft/... \
+	./cmd/nftredird ./cmd/nftredirctl ./cmd/nftredir-cni/... \
+	./internal/health ./internal/metrics ./internal/peercred ./internal/nftlive
+race:
+	NFTREDIR_SKIP_PRIVILEGED=1 $(GO) test -race -p 1 -count=1 -timeout 10m $(RACE_PKGS)
 
 # Fuzz targets, package:name. Their seed corpora (testdata/fuzz/<name>/
 # and f.Add) run in every plain go test; make fuzz searches for new

@@ -143,7 +143,7 @@ func (b *builder) rawOutput() {
 	)
 }
 
-// probeSources lists the probe addresses for the families we capture.
+// probeAddrs lists the probe addresses for the families we capture.
 func (b *builder) probeAddrs() []netip.Addr {
 	var out []netip.Addr
 	if b.spec.ProbeSourceV4.IsValid() {

@@ -45,9 +45,10 @@ type Config struct {
 // It keeps in memory what it committed (address to owner UID) and what the
 // calls so far want, and sends only the difference: an Add does not list
 // the sets, and costs the same on a node with a thousand pods as with one.
-// The kernel is read only by Ensure and Reconcile, and after a batch the
-// kernel refused (the table changed under the Manager), which is then
-// planned again once from a fresh reading.
+// Changes are planned from a reading of the kernel only in Ensure and
+// Reconcile, and after a batch the kernel refused (the table changed
+// under the Manager), which is then planned again once from a fresh
+// reading. Elements and Problems read the kernel for status only.
 //
 // All batches are sent by one goroutine, in order, over a netlink
 // connection it keeps while busy: closing a netfilter socket after a

@@ -96,9 +96,12 @@ COMMIT
 COMMIT
 `
 
-// peerRules is the number of -A lines in peerRuleset, checked after
-// loading it.
-const peerRules = 15
+// peerRules is the number of -A lines in peerRuleset and peerTProxyRules
+// the number of them that TPROXY, checked after loading it.
+const (
+	peerRules       = 15
+	peerTProxyRules = 2
+)
 
 // step is one command of an exec-based method.
 type step struct {
@@ -415,8 +418,8 @@ func (b *bench) verifyPeer(name string) error {
 		return fmt.Errorf("verify %s: iptables-save: %w: %s", name, err, out)
 	}
 	text := string(out)
-	if got := strings.Count(text, "\n-A "); got != peerRules || strings.Count(text, "-j TPROXY") != 2 {
-		return fmt.Errorf("verify %s: iptables-save shows %d rules (want %d, 2 of them TPROXY):\n%s", name, got, peerRules, text)
+	if got := strings.Count(text, "\n-A "); got != peerRules || strings.Count(text, "-j TPROXY") != peerTProxyRules {
+		return fmt.Errorf("verify %s: iptables-save shows %d rules (want %d, %d of them TPROXY):\n%s", name, got, peerRules, peerTProxyRules, text)
 	}
 	h, err := b.guard.Open(nsPath(name))
 	if err != nil {

@@ -1,8 +1,10 @@
 // Command nftredir-bench measures nftredird against the iptables and
 // nft-CLI ways of programming a pod, in one run on one machine: AddPod
-// latency and throughput over the daemon's socket, reconcile at scale, the
-// daemon's memory and fds, and the data path through capture. It prints a
-// table and writes BENCHMARKS.md with a chart.
+// latency and throughput over the daemon's socket, where its time goes
+// step by step, the CNI chain as a runtime runs it, reconcile at scale,
+// the daemon's memory and fds, and the data path through capture. It
+// prints the tables and writes BENCHMARKS.md with a chart; every figure
+// and explanation in it is computed from the run.
 //
 // It must run as root: it creates network namespaces (all named
 // nftr-bench-<pid>-*), starts nftredird, and loads rules into the

@@ -82,7 +82,7 @@ func (r *report) chart() string {
 	vsNFT := spreadOf(paired(r.res.apply[mNFT], seq, p50Of)).med
 	m := r.res.machine
 	y += 28
-	fmt.Fprintf(&sb, `<text x="20" y="%d" font-size="18" font-weight="bold">nftredir AddPod p50: %s faster than iptables-restore, %s faster than nft -f</text>`+"\n", y, times(vsIPT), times(vsNFT))
+	fmt.Fprintf(&sb, `<text x="20" y="%d" font-size="18" font-weight="bold">nftredir AddPod p50: %s than iptables-restore, %s than nft -f</text>`+"\n", y, times(vsIPT), times(vsNFT))
 	y += 20
 	fmt.Fprintf(&sb, `<text x="20" y="%d" fill="#444">%s</text>`+"\n", y,
 		esc(fmt.Sprintf("%s · %d cores · kernel %s · %s · %s", m.cpu, m.cores, m.kernel, m.goVersion, m.date.Format("2006-01-02"))))
@@ -94,11 +94,17 @@ func (r *report) chart() string {
 	return sb.String()
 }
 
+// times renders a ratio baseline ÷ nftredir as "N× faster", or as "N×
+// slower" when it is below 1.
 func times(v float64) string {
-	if v < 10 {
-		return fmt.Sprintf("%.1f×", v)
+	word := "faster"
+	if v < 1 {
+		v, word = 1/v, "slower"
 	}
-	return fmt.Sprintf("%.0f×", v)
+	if v < 10 {
+		return fmt.Sprintf("%.1f× %s", v, word)
+	}
+	return fmt.Sprintf("%.0f× %s", v, word)
 }
 
 func esc(s string) string { return html.EscapeString(s) }

@@ -4,9 +4,9 @@
 // binaries through it to set up and observe; product code never does.
 //
 // Everything it creates is registered with t.Cleanup, so namespaces, links
-// and processes go away even when a test fails. The test process itself
-// never changes namespace: work that must happen inside one runs on a
-// dedicated, locked OS thread.
+// and processes go away even when a test fails. The test's goroutines
+// and its main thread never change namespace: work that must happen
+// inside one runs on a dedicated, locked OS thread that enters it.
 package nstest
 
 import (
