@@ -68,9 +68,10 @@ test: deps-k8s lint-go build
 # and ZDS servers, watchers, the probe table's sender, the CNI plugin's
 # client, informers) under the race detector. Kernel tests are left out
 # (NFTREDIR_SKIP_PRIVILEGED): their time is spent in the kernel, where
-# the detector sees nothing, and they run above without it. capture is
-# listed for its in-memory engine's tests.
-RACE_PKGS := ./capture/... ./client/... ./server/... ./zds/... ./kube/... ./probe/... ./nft/... \
+# the detector sees nothing, and they run above without it. The lifecycle
+# and server logic tests run on capture's in-memory engine.
+RACE_PKGS := ./capture/... ./lifecycle/... ./state/... ./internal/podevents \
+	./client/... ./server/... ./zds/... ./kube/... ./probe/... ./nft/... \
 	./cmd/nftredird ./cmd/nftredirctl ./cmd/nftredir-cni/... \
 	./internal/health ./internal/metrics ./internal/peercred ./internal/nftlive
 race:

@@ -22,6 +22,11 @@ import (
 	"github.com/nftredir/nftredir/state"
 )
 
+// DefaultReconcileWorkers is how many pods a reconcile pass checks at
+// once: enough to overlap the namespaces' netlink round trips on a node of
+// a few hundred pods, few enough not to crowd out AddPods.
+const DefaultReconcileWorkers = 8
+
 // Config is everything New needs. Zero values take the documented
 // defaults where one exists.
 type Config struct {
@@ -38,7 +43,8 @@ type Config struct {
 	Defaults *nft.Spec
 	// Logger is the engine's logger.
 	Logger hclog.Logger
-	// ReconcileWorkers bounds parallel reconcile work. Zero: 8.
+	// ReconcileWorkers bounds parallel reconcile work. Zero:
+	// DefaultReconcileWorkers.
 	ReconcileWorkers int
 	// OnReconcile, when set, hears the outcome and duration of every
 	// completed reconcile pass.
@@ -123,7 +129,7 @@ func New(cfg Config) (*Manager, error) {
 	}
 	workers := cfg.ReconcileWorkers
 	if workers <= 0 {
-		workers = 8
+		workers = DefaultReconcileWorkers
 	}
 	m := &Manager{
 		engine:        cfg.Engine,

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/nftredir/nftredir/lifecycle"
 )
 
 // table is one table of the report, rendered as aligned text for the
@@ -356,8 +358,8 @@ func (r *report) scaleTable() table {
 		{fmt.Sprintf("%d pods, every table deleted behind its back (all re-applied)", s.pods), cell(spreadOf(dur(s.reapply)), 0), cell(perPod(s.reapply), 3)},
 	}
 	t.notes = []string{fmt.Sprintf("The %d records were made by %d AddPods, %d in flight: %.0f pods/s (p50 %.2f ms, p99 %.2f ms). "+
-		"The daemon reconciles with its default number of workers; records are on tmpfs%s.",
-		s.pods, s.pods, scaleConc, s.enrol.rate(), s.enrol.p50(), s.enrol.p99(), r.tmpfsNote())}
+		"The daemon reconciles with its default %d workers; records are on tmpfs%s.",
+		s.pods, s.pods, scaleConc, s.enrol.rate(), s.enrol.p50(), s.enrol.p99(), lifecycle.DefaultReconcileWorkers, r.tmpfsNote())}
 	return t
 }
 
