@@ -26,10 +26,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"no guard", func(c *Config) { c.Guard = nil }, "Guard"},
 		{"no applier", func(c *Config) { c.Applier = nil }, "Applier"},
 		{"relative state dir", func(c *Config) { c.StateDir = "pods" }, "absolute"},
-		{"routing mark differs from tproxy mark", func(c *Config) {
-			c.Routing = netns.Routing{Mark: 0x222, Mask: 0xfff, Table: 100, Priority: 32764}
-		}, "differs from the tproxy mark"},
-		{"bad routing", func(c *Config) { c.Routing = netns.Routing{Mark: 0x111, Mask: 0xfff, Table: 254, Priority: 1} }, "reserved"},
+		{"bad route table", func(c *Config) { c.RouteTable = 254 }, "reserved"},
+		{"bad rule priority", func(c *Config) { c.RulePriority = 32766 }, "priority"},
 		{"bad defaults", func(c *Config) { c.Defaults = &badDefaults }, "defaults"},
 	}
 	for _, tt := range tests {
@@ -41,5 +39,30 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	}
 	if _, err := New(base()); err != nil {
 		t.Errorf("good config: %v", err)
+	}
+}
+
+// The fwmark rule matches the spec's tproxy mark: there is no second copy
+// of the mark that could differ from it.
+func TestRoutingFollowsTheTProxyMark(t *testing.T) {
+	guard, err := netns.NewGuard()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := nft.DefaultSpec("")
+	spec.TProxyMark = nft.Mark{Value: 0x2220, Mask: 0xfff0}
+	s, err := New(Config{Guard: guard, Applier: nft.NewNetlink(), StateDir: t.TempDir(), Defaults: &spec, RouteTable: 7, RulePriority: 99})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := netns.Routing{Mark: 0x2220, Mask: 0xfff0, Table: 7, Priority: 99}
+	if s.routing != want {
+		t.Errorf("routing %+v, want %+v", s.routing, want)
+	}
+	if s, err = New(Config{Guard: guard, Applier: nft.NewNetlink(), StateDir: t.TempDir()}); err != nil {
+		t.Fatal(err)
+	}
+	if s.routing != netns.DefaultRouting() {
+		t.Errorf("default routing %+v, want %+v", s.routing, netns.DefaultRouting())
 	}
 }

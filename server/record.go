@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 )
@@ -138,7 +139,7 @@ func specRecord(s nft.Spec) SpecRecord {
 
 // spec rebuilds the nft.Spec for podUID.
 func (r SpecRecord) spec(podUID string) (nft.Spec, error) {
-	mode, err := nft.ParseMode(r.Mode)
+	mode, err := defaults.ParseCaptureMode(r.Mode)
 	if err != nil {
 		return nft.Spec{}, err
 	}

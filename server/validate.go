@@ -9,6 +9,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/nftredir/nftredir/internal/apimode"
+	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
@@ -58,24 +60,8 @@ func checkPodUID(uid string) error {
 }
 
 func checkUID(p *problems, uid string) {
-	switch {
-	case uid == "":
-		p.addf("pod_uid is required (the pod's Kubernetes UID)")
-		return
-	case len(uid) > nft.MaxPodIDLen:
-		p.addf("pod_uid is %d bytes, at most %d allowed", len(uid), nft.MaxPodIDLen)
-		return
-	case !utf8.ValidString(uid):
-		p.addf("pod_uid must be valid UTF-8")
-		return
-	}
-	for _, r := range uid {
-		// The uid lands in rule comments, logs and file contents: keep it
-		// to visible characters that need no quoting anywhere.
-		if !unicode.IsPrint(r) || unicode.IsSpace(r) || r == '/' || r == '"' || r == '\\' || r == '\'' {
-			p.addf("pod_uid %q contains %q; use printable characters without spaces, slashes, quotes or backslashes", uid, r)
-			return
-		}
+	if err := defaults.CheckPodUID(uid); err != nil {
+		p.addf("pod_uid %v", err)
 	}
 }
 
@@ -187,14 +173,10 @@ func effectiveSpec(p *problems, uid string, o *nftredirv1.RedirectOptions, defau
 	if o == nil {
 		return s
 	}
-	switch o.GetCaptureMode() {
-	case nftredirv1.CaptureMode_CAPTURE_MODE_UNSPECIFIED:
-	case nftredirv1.CaptureMode_CAPTURE_MODE_TPROXY:
-		s.Mode = nft.ModeTProxy
-	case nftredirv1.CaptureMode_CAPTURE_MODE_REDIRECT:
-		s.Mode = nft.ModeRedirect
-	default:
-		p.addf("options.capture_mode %d is unknown; use CAPTURE_MODE_TPROXY or CAPTURE_MODE_REDIRECT, or leave it unset", int32(o.GetCaptureMode()))
+	if mode, set, err := apimode.FromAPI(o.GetCaptureMode()); err != nil {
+		p.addf("options.capture_mode %v", err)
+	} else if set {
+		s.Mode = mode
 	}
 	if o.DnsCapture != nil {
 		s.CaptureDNS = o.GetDnsCapture()
