@@ -529,9 +529,9 @@ func (r *report) markdown(out, svgPath string) string {
 		"then RemovePod for every pod the same way. Each sample's first and last namespace are checked through netlink (table with all %s rules, ip rule, route; and gone after RemovePod).\n", concText(r.cfg.conc), r.wantRulesText())
 	w("- **iptables-restore + 2× ip**: `ip netns exec NS iptables-restore --noflush` (iptables-nft, the installed default) of the peer's in-pod TPROXY ruleset "+
 		"(`research/istio.md` §1.4, without its DNS lines and raw table, which nftredir's default spec does not have either, and with the `-m socket --transparent` mark rule "+
-		"it needs for connections to addresses the pod does not own, which nftredir's ruleset has), then `ip -n NS rule add fwmark 0x111/0xfff pref 32764 lookup 100` and "+
-		"`ip -n NS route replace local default dev lo table 100`. IPv4 only: an IPv6 pod would also need `ip6tables-restore`. One pod after another, as a script-driven agent does. "+
-		"Checked with `iptables-save` (%d rules, 2 TPROXY) and netlink.\n", peerRules)
+		"it needs for connections to addresses the pod does not own, which nftredir's ruleset has), then `%s` and "+
+		"`%s`. IPv4 only: an IPv6 pod would also need `ip6tables-restore`. One pod after another, as a script-driven agent does. "+
+		"Checked with `iptables-save` (%d rules, 2 TPROXY) and netlink.\n", strings.Join(policyRouting("NS")[0].args, " "), strings.Join(policyRouting("NS")[1].args, " "), peerRules)
 	w("- **nft -f + 2× ip**: `ip netns exec NS nft -f -` of nftredir's own ruleset (`nft.Build(nft.DefaultSpec(uid)).String()`, prefixed with " +
 		"`table inet nftredir` / `delete table inet nftredir` to make it an atomic replace), then the same two `ip` commands.\n")
 	w("- **Reconcile at scale**: %d namespaces are enrolled through AddPod (their records on disk, namespaces programmed); the daemon is stopped with SIGTERM and "+
