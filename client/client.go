@@ -20,11 +20,12 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/nftredir/nftredir/internal/defaults"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
 // DefaultSocket is where nftredird listens unless told otherwise.
-const DefaultSocket = "/run/nftredir/nftredir.sock"
+const DefaultSocket = defaults.Socket
 
 // ServiceName is the RedirectService's full name, which is also its
 // grpc.health.v1 service name.

@@ -17,6 +17,8 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/nftredir/nftredir/internal/defaults"
 )
 
 const (
@@ -192,7 +194,7 @@ func TestDaemonSet(t *testing.T) {
 	}
 	probe := func(p *corev1.Probe, path string) {
 		t.Helper()
-		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != path || p.HTTPGet.Port.IntValue() != 15014 {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != path || p.HTTPGet.Port.IntValue() != int(defaults.MetricsPort) {
 			t.Errorf("probe %s: %+v", path, p)
 		}
 	}

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"net/netip"
 	"regexp"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/nftables/expr"
 
+	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/internal/nstest"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
@@ -32,7 +34,7 @@ const (
 )
 
 const (
-	proxyMark = 0x539
+	proxyMark = defaults.ProxyMark
 	nftTable  = nft.TableName
 )
 
@@ -284,9 +286,9 @@ func TestInboundCapture(t *testing.T) {
 			}
 		}
 
-		r := p.expect(t, p.Peer, p.to(p.a.Pod, 15008), nstest.ProxyHBONE)
-		if r.Listener == nstest.ProxyHBONE && r.Local != netip.AddrPortFrom(p.a.Pod, 15008) {
-			t.Errorf("HBONE accepted with local address %s; want %s", r.Local, netip.AddrPortFrom(p.a.Pod, 15008))
+		r := p.expect(t, p.Peer, p.to(p.a.Pod, defaults.HBONEPort), nstest.ProxyHBONE)
+		if r.Listener == nstest.ProxyHBONE && r.Local != netip.AddrPortFrom(p.a.Pod, defaults.HBONEPort) {
+			t.Errorf("HBONE accepted with local address %s; want %s", r.Local, netip.AddrPortFrom(p.a.Pod, defaults.HBONEPort))
 		}
 
 		// A destination the pod does not own, routed to it by the peer:
@@ -334,7 +336,7 @@ func TestInboundToProxyPorts(t *testing.T) {
 		s := p.spec()
 		s.CaptureDNS = true
 		p.enrol(t, s)
-		for _, port := range []uint16{15001, 15053} {
+		for _, port := range []uint16{defaults.OutboundPort, defaults.DNSPort} {
 			r := p.expect(t, p.Peer, p.to(p.a.Pod, port), nstest.ProxyInbound)
 			wantInbound(t, p.v.mode, r, netip.AddrPortFrom(p.a.Pod, port))
 		}
@@ -679,7 +681,7 @@ func TestTamperRestored(t *testing.T) {
 		// The same position and comment, but "meta l4proto tcp accept"
 		// in place of the capture: only the expressions tell.
 		{"outbound rule edited in place", func(t *testing.T, p *pod) {
-			editInPlace(t, p, "nat-output", "redirect to :15001")
+			editInPlace(t, p, "nat-output", fmt.Sprintf("redirect to :%d", defaults.OutboundPort))
 			p.expect(t, p.Pod, p.to(p.a.Peer, serverPort), server)
 		}, nft.StatusDrifted},
 		{"inbound rule edited in place", func(t *testing.T, p *pod) {
@@ -687,7 +689,7 @@ func TestTamperRestored(t *testing.T) {
 			if p.v.mode == nft.ModeRedirect {
 				chain = "nat-prerouting"
 			}
-			editInPlace(t, p, chain, ":15006")
+			editInPlace(t, p, chain, fmt.Sprintf(":%d", defaults.InboundPort))
 			p.expect(t, p.Peer, p.to(p.a.Pod, appPort), app)
 		}, nft.StatusDrifted},
 		{"chain flushed", func(t *testing.T, p *pod) {

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/internal/nstest"
 	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
@@ -164,8 +165,10 @@ var tamperCases = []tamperCase{
 	{
 		// Same place, same comment, no redirect: only the expressions
 		// show it.
-		name:     "capture rule edited in place",
-		tamper:   func(t *testing.T, p *pod) { editInPlace(t, p, "nat-output", "redirect to :15001") },
+		name: "capture rule edited in place",
+		tamper: func(t *testing.T, p *pod) {
+			editInPlace(t, p, "nat-output", fmt.Sprintf("redirect to :%d", defaults.OutboundPort))
+		},
 		status:   nftredirv1.SyncStatus_SYNC_STATUS_DRIFTED,
 		from:     func(p *pod) *nstest.Netns { return p.Pod },
 		probe:    nstest.Dial{Network: "tcp4", To: netip.AddrPortFrom(nstest.V4.Peer, serverPort)},

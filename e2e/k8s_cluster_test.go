@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/internal/kcluster"
 	"github.com/nftredir/nftredir/internal/nstest"
 )
@@ -125,7 +126,7 @@ func TestK8sClusterSmoke(t *testing.T) {
 	// destination.
 	line := dialLine(t, c, podIP+":8080")
 	t.Logf("node -> %s:8080: %s", podIP, line)
-	if want := "original destination " + podIP + ":8080"; !strings.Contains(line, "captured by proxy :15006") || !strings.Contains(line, want) {
+	if want := "original destination " + podIP + ":8080"; !strings.Contains(line, fmt.Sprintf("captured by proxy :%d", defaults.InboundPort)) || !strings.Contains(line, want) {
 		t.Errorf("node -> %s:8080 answered %q; want the proxy's inbound capture with %q", podIP, line, want)
 	}
 

@@ -20,6 +20,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/nftredir/nftredir/internal/apimode"
+	"github.com/nftredir/nftredir/internal/defaults"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
@@ -152,14 +154,12 @@ func Options(annotations map[string]string, base *nftredirv1.RedirectOptions) (*
 		v = strings.TrimSpace(v)
 		switch key {
 		case AnnotationCaptureMode:
-			switch strings.ToLower(v) {
-			case "tproxy":
-				o.CaptureMode = nftredirv1.CaptureMode_CAPTURE_MODE_TPROXY
-			case "redirect":
-				o.CaptureMode = nftredirv1.CaptureMode_CAPTURE_MODE_REDIRECT
-			default:
-				bad(key, "%q is not a capture mode; use tproxy or redirect", v)
+			m, err := apimode.Parse(v)
+			if err != nil {
+				bad(key, "%q is not a capture mode; use %s", v, strings.ToLower(defaults.CaptureModeNames()))
+				continue
 			}
+			o.CaptureMode = m
 		case AnnotationExcludeInboundPorts, AnnotationExcludeOutboundPorts:
 			ports, err := parsePorts(v)
 			if err != nil {

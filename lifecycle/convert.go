@@ -4,6 +4,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/nftredir/nftredir/internal/apimode"
+	"github.com/nftredir/nftredir/internal/defaults"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 	"github.com/nftredir/nftredir/state"
 )
@@ -12,10 +14,10 @@ import (
 // (the effective options, daemon defaults filled in).
 func podProto(r *state.Record) *nftredirv1.Pod {
 	s := r.Spec
-	mode := nftredirv1.CaptureMode_CAPTURE_MODE_TPROXY
-	if s.Mode == "REDIRECT" {
-		mode = nftredirv1.CaptureMode_CAPTURE_MODE_REDIRECT
-	}
+	// Records are checked when read, so the name parses; were it not to,
+	// the zero mode (TPROXY) is what the pod was enrolled with.
+	m, _ := defaults.ParseCaptureMode(s.Mode)
+	mode := apimode.ToAPI(m)
 	opts := &nftredirv1.RedirectOptions{
 		CaptureMode:          mode,
 		ExcludeOutboundCidrs: append([]string(nil), s.ExcludeOutboundCIDRs...),

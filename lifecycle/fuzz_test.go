@@ -8,9 +8,9 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
-	"github.com/nftredir/nftredir/state"
 )
 
 // FuzzValidateAdd feeds AddPodRequests, decoded from arbitrary bytes as
@@ -42,14 +42,14 @@ func FuzzValidateAdd(f *testing.F) {
 		}
 		f.Add(b)
 	}
-	defaults := nft.DefaultSpec("")
+	spec := nft.DefaultSpec("")
 	f.Fuzz(func(t *testing.T, data []byte) {
 		req := &nftredirv1.AddPodRequest{}
 		if proto.Unmarshal(data, req) != nil {
 			return
 		}
-		a, err := validateAdd(req, defaults)
-		again, err2 := validateAdd(req, defaults)
+		a, err := validateAdd(req, spec)
+		again, err2 := validateAdd(req, spec)
 		if (err == nil) != (err2 == nil) || (err == nil && !reflect.DeepEqual(a, again)) {
 			t.Fatalf("validateAdd is not deterministic: %v / %v", err, err2)
 		}
@@ -59,7 +59,7 @@ func FuzzValidateAdd(f *testing.F) {
 			}
 			return
 		}
-		if err := state.CheckPodUID(a.uid); err != nil {
+		if err := defaults.CheckPodUID(a.uid); err != nil {
 			t.Fatalf("accepted pod_uid %q fails its own check: %v", a.uid, err)
 		}
 		if !filepath.IsAbs(a.netnsPath) || filepath.Clean(a.netnsPath) != a.netnsPath {
@@ -77,7 +77,7 @@ func FuzzValidateAdd(f *testing.F) {
 		}
 		req2 := proto.Clone(req).(*nftredirv1.AddPodRequest)
 		req2.PodIps = a.podIPs
-		b, err := validateAdd(req2, defaults)
+		b, err := validateAdd(req2, spec)
 		if err != nil || !slices.Equal(b.podIPs, a.podIPs) {
 			t.Fatalf("normalised pod IPs %v: %v, %v", a.podIPs, err, b)
 		}

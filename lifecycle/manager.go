@@ -35,9 +35,11 @@ type Config struct {
 	Engine capture.Engine
 	// Store holds one record per enrolled pod. Required.
 	Store *state.Store
-	// Routing is the policy routing installed with each pod. Its mark must
-	// equal Defaults.TProxyMark. Zero: netns.DefaultRouting().
-	Routing netns.Routing
+	// RouteTable and RulePriority place the policy routing installed with
+	// each pod; its fwmark rule matches Defaults.TProxyMark, the one mark
+	// tproxied packets and their replies carry. Zero: the defaults of
+	// netns.DefaultRouting.
+	RouteTable, RulePriority int
 	// Defaults supplies every option a request leaves unset (PodID and the
 	// exclusion lists are ignored). Zero: nft.DefaultSpec.
 	Defaults *nft.Spec
@@ -103,13 +105,6 @@ func New(cfg Config) (*Manager, error) {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	routing := cfg.Routing
-	if routing == (netns.Routing{}) {
-		routing = netns.DefaultRouting()
-	}
-	if err := routing.Validate(); err != nil {
-		return nil, fmt.Errorf("lifecycle config: %w", err)
-	}
 	defaults := nft.DefaultSpec("")
 	if cfg.Defaults != nil {
 		defaults = *cfg.Defaults
@@ -121,11 +116,18 @@ func New(cfg Config) (*Manager, error) {
 	if err := probe.Validate(); err != nil {
 		return nil, fmt.Errorf("lifecycle config: defaults: %w", err)
 	}
-	if routing.Mark != defaults.TProxyMark.Value || routing.Mask != defaults.TProxyMark.Mask {
-		// Replies restored to the tproxy mark must hit our routing rule,
-		// or inbound capture silently blackholes.
-		return nil, fmt.Errorf("lifecycle config: routing mark %#x/%#x differs from the tproxy mark %#x/%#x",
-			routing.Mark, routing.Mask, defaults.TProxyMark.Value, defaults.TProxyMark.Mask)
+	// The rule takes its mark from the spec: replies restored to the
+	// tproxy mark must hit it, or inbound capture silently blackholes.
+	routing := netns.DefaultRouting()
+	routing.Mark, routing.Mask = defaults.TProxyMark.Value, defaults.TProxyMark.Mask
+	if cfg.RouteTable != 0 {
+		routing.Table = cfg.RouteTable
+	}
+	if cfg.RulePriority != 0 {
+		routing.Priority = cfg.RulePriority
+	}
+	if err := routing.Validate(); err != nil {
+		return nil, fmt.Errorf("lifecycle config: %w", err)
 	}
 	workers := cfg.ReconcileWorkers
 	if workers <= 0 {

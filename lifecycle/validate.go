@@ -9,9 +9,10 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/nftredir/nftredir/internal/apimode"
+	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
-	"github.com/nftredir/nftredir/state"
 )
 
 // Validation is hand-written here rather than generated: the messages are
@@ -50,8 +51,8 @@ func (p problems) err() error {
 }
 
 func checkUID(p *problems, uid string) {
-	if err := state.CheckPodUID(uid); err != nil {
-		p.addf("%v", err)
+	if err := defaults.CheckPodUID(uid); err != nil {
+		p.addf("pod_uid %v", err)
 	}
 }
 
@@ -163,14 +164,10 @@ func effectiveSpec(p *problems, uid string, o *nftredirv1.RedirectOptions, defau
 	if o == nil {
 		return s
 	}
-	switch o.GetCaptureMode() {
-	case nftredirv1.CaptureMode_CAPTURE_MODE_UNSPECIFIED:
-	case nftredirv1.CaptureMode_CAPTURE_MODE_TPROXY:
-		s.Mode = nft.ModeTProxy
-	case nftredirv1.CaptureMode_CAPTURE_MODE_REDIRECT:
-		s.Mode = nft.ModeRedirect
-	default:
-		p.addf("options.capture_mode %d is unknown; use CAPTURE_MODE_TPROXY or CAPTURE_MODE_REDIRECT, or leave it unset", int32(o.GetCaptureMode()))
+	if mode, set, err := apimode.FromAPI(o.GetCaptureMode()); err != nil {
+		p.addf("options.capture_mode %v", err)
+	} else if set {
+		s.Mode = mode
 	}
 	if o.DnsCapture != nil {
 		s.CaptureDNS = o.GetDnsCapture()

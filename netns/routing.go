@@ -7,6 +7,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftredir/nftredir/internal/defaults"
 )
 
 // Routing is the policy routing that returns marked packets to local
@@ -19,9 +21,10 @@ type Routing struct {
 	Priority int
 }
 
-// DefaultRouting matches the in-pod routing ztunnel-compatible agents use.
+// DefaultRouting matches the in-pod routing ztunnel-compatible agents use:
+// the tproxy mark, table and priority of package defaults.
 func DefaultRouting() Routing {
-	return Routing{Mark: 0x111, Mask: 0xfff, Table: 100, Priority: 32764}
+	return Routing{Mark: defaults.TProxyMark, Mask: defaults.MarkMask, Table: defaults.RouteTable, Priority: defaults.RulePriority}
 }
 
 // Validate rejects values the kernel would refuse or misinterpret.

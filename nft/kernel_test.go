@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/internal/nstest"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
@@ -72,15 +73,15 @@ func TestVerifySeesCaptureRuleEdited(t *testing.T) {
 		chain string
 		rule  string // a substring of the rule's text
 	}{
-		{"outbound redirect", nft.DefaultSpec("0b6f3c1e-pod"), "nat-output", "redirect to :15001"},
-		{"inbound tproxy", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", "tproxy ip to 127.0.0.1:15006"},
-		{"inbound tproxy v6", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", "tproxy ip6 to [::1]:15006"},
-		{"inbound HBONE tproxy", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", "tproxy ip to 127.0.0.1:15008"},
-		{"inbound HBONE tproxy v6", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", "tproxy ip6 to [::1]:15008"},
-		{"inbound tproxy to destination", destination, "mangle-prerouting", "tproxy to :15006"},
+		{"outbound redirect", nft.DefaultSpec("0b6f3c1e-pod"), "nat-output", fmt.Sprintf("redirect to :%d", defaults.OutboundPort)},
+		{"inbound tproxy", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", fmt.Sprintf("tproxy ip to 127.0.0.1:%d", defaults.InboundPort)},
+		{"inbound tproxy v6", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", fmt.Sprintf("tproxy ip6 to [::1]:%d", defaults.InboundPort)},
+		{"inbound HBONE tproxy", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", fmt.Sprintf("tproxy ip to 127.0.0.1:%d", defaults.HBONEPort)},
+		{"inbound HBONE tproxy v6", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", fmt.Sprintf("tproxy ip6 to [::1]:%d", defaults.HBONEPort)},
+		{"inbound tproxy to destination", destination, "mangle-prerouting", fmt.Sprintf("tproxy to :%d", defaults.InboundPort)},
 		{"inbound fail-closed drop", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", "meta l4proto tcp drop"},
-		{"REDIRECT-mode inbound nat", redirect, "nat-prerouting", "redirect to :15006"},
-		{"REDIRECT-mode outbound", redirect, "nat-output", "redirect to :15001"},
+		{"REDIRECT-mode inbound nat", redirect, "nat-prerouting", fmt.Sprintf("redirect to :%d", defaults.InboundPort)},
+		{"REDIRECT-mode outbound", redirect, "nat-output", fmt.Sprintf("redirect to :%d", defaults.OutboundPort)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n, h := scratchNetns(t)
@@ -137,9 +138,9 @@ func TestVerifyShowsForeignExpression(t *testing.T) {
 	if err := a.Apply(context.Background(), h, rs); err != nil {
 		t.Fatal(err)
 	}
-	handle, _ := ruleHandle(t, n, "nat-output", "redirect to :15001")
+	handle, _ := ruleHandle(t, n, "nat-output", fmt.Sprintf("redirect to :%d", defaults.OutboundPort))
 	n.Nft(t, "replace", "rule", "inet", nft.TableName, "nat-output", "handle", handle,
-		"meta", "l4proto", "tcp", "counter", "redirect", "to", ":15001", "comment", fmt.Sprintf("%q", rs.Comment()))
+		"meta", "l4proto", "tcp", "counter", "redirect", "to", fmt.Sprintf(":%d", defaults.OutboundPort), "comment", fmt.Sprintf("%q", rs.Comment()))
 	st, text, err := a.Verify(context.Background(), h, rs)
 	if err != nil {
 		t.Fatal(err)
@@ -148,7 +149,7 @@ func TestVerifyShowsForeignExpression(t *testing.T) {
 		t.Errorf("Verify with a counter in the outbound rule = %s, want drifted\n%s", st, text)
 	}
 	want := "\t\tmeta l4proto tcp [expr counter "
-	if chain := chainText(text, "nat-output"); !strings.Contains(chain, want) || !strings.Contains(chain, "] redirect to :15001 comment") {
+	if chain := chainText(text, "nat-output"); !strings.Contains(chain, want) || !strings.Contains(chain, fmt.Sprintf("] redirect to :%d comment", defaults.OutboundPort)) {
 		t.Errorf("Verify's text does not show the counter between the known words:\n%s", text)
 	}
 }

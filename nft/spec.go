@@ -13,45 +13,23 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+
+	"github.com/nftredir/nftredir/internal/defaults"
 )
 
 // TableName is the one inet table nftredir owns in every pod namespace.
 // Nothing else in the namespace is ever read-modify-written.
 const TableName = "nftredir"
 
-// Mode selects how inbound TCP reaches the proxy.
-type Mode int
+// Mode selects how inbound TCP reaches the proxy; the modes, their names
+// and their parsing are defaults.CaptureMode's.
+type Mode = defaults.CaptureMode
 
+// The modes under the builder's names.
 const (
-	// ModeTProxy delivers inbound TCP with nft tproxy to transparent
-	// listeners; the accepted socket's local address is the original
-	// destination. No NAT.
-	ModeTProxy Mode = iota
-	// ModeRedirect NATs inbound TCP to the plaintext port; the original
-	// destination is read with SO_ORIGINAL_DST.
-	ModeRedirect
+	ModeTProxy   = defaults.TProxy
+	ModeRedirect = defaults.Redirect
 )
-
-func (m Mode) String() string {
-	switch m {
-	case ModeTProxy:
-		return "TPROXY"
-	case ModeRedirect:
-		return "REDIRECT"
-	}
-	return fmt.Sprintf("Mode(%d)", int(m))
-}
-
-// ParseMode accepts the names String returns, case-sensitively.
-func ParseMode(s string) (Mode, error) {
-	switch s {
-	case "TPROXY":
-		return ModeTProxy, nil
-	case "REDIRECT":
-		return ModeRedirect, nil
-	}
-	return 0, fmt.Errorf("unknown capture mode %q (want TPROXY or REDIRECT)", s)
-}
 
 // Mark is a packet or connection mark under a mask: only the masked bits
 // are matched or set, so other users of the mark keep their bits.
@@ -88,13 +66,14 @@ type Spec struct {
 	PodID string
 	Mode  Mode
 
-	OutboundPort     uint16 // outgoing TCP is redirected here (15001)
-	InboundPort      uint16 // incoming plaintext TCP goes here (15006)
-	InboundHBONEPort uint16 // incoming tunnel TCP goes here (15008)
-	DNSPort          uint16 // DNS goes here when CaptureDNS (15053)
+	// The proxy's ports; DefaultSpec takes them from package defaults.
+	OutboundPort     uint16 // outgoing TCP is redirected here
+	InboundPort      uint16 // incoming plaintext TCP goes here
+	InboundHBONEPort uint16 // incoming tunnel TCP goes here
+	DNSPort          uint16 // DNS goes here when CaptureDNS
 
-	ProxyMark  Mark // set by the proxy on its own sockets (0x539/0xfff)
-	TProxyMark Mark // set on tproxied packets and proxy connections (0x111/0xfff)
+	ProxyMark  Mark // set by the proxy on its own sockets
+	TProxyMark Mark // set on tproxied packets and proxy connections
 
 	// ProbeSourceV4/V6: kubelet probes SNATed to these on the node bypass
 	// capture. A zero address omits the rule for that family.
@@ -126,49 +105,34 @@ type Spec struct {
 	ExcludeOutboundCIDRs []netip.Prefix
 }
 
-// Default TPROXY targets: loopback, as Istio's in-pod rules tproxy to.
-var (
-	DefaultTProxyAddrV4 = netip.MustParseAddr("127.0.0.1")
-	DefaultTProxyAddrV6 = netip.MustParseAddr("::1")
-)
-
-// DefaultSpec is the ztunnel-compatible spec for podID.
+// DefaultSpec is the ztunnel-compatible spec for podID, every value from
+// package defaults.
 func DefaultSpec(podID string) Spec {
 	return Spec{
 		PodID:            podID,
-		Mode:             ModeTProxy,
-		OutboundPort:     15001,
-		InboundPort:      15006,
-		InboundHBONEPort: 15008,
-		DNSPort:          15053,
-		ProxyMark:        Mark{Value: 0x539, Mask: 0xfff},
-		TProxyMark:       Mark{Value: 0x111, Mask: 0xfff},
-		ProbeSourceV4:    netip.MustParseAddr("169.254.7.127"),
-		ProbeSourceV6:    netip.MustParseAddr("fd16:9254:7127:1337:ffff:ffff:ffff:ffff"),
-		TProxyAddrV4:     DefaultTProxyAddrV4,
-		TProxyAddrV6:     DefaultTProxyAddrV6,
-		IPv6:             true,
+		Mode:             defaults.Mode,
+		OutboundPort:     defaults.OutboundPort,
+		InboundPort:      defaults.InboundPort,
+		InboundHBONEPort: defaults.HBONEPort,
+		DNSPort:          defaults.DNSPort,
+		ProxyMark:        Mark{Value: defaults.ProxyMark, Mask: defaults.MarkMask},
+		TProxyMark:       Mark{Value: defaults.TProxyMark, Mask: defaults.MarkMask},
+		ProbeSourceV4:    defaults.ProbeSourceV4(),
+		ProbeSourceV6:    defaults.ProbeSourceV6(),
+		TProxyAddrV4:     defaults.TProxyAddrV4(),
+		TProxyAddrV6:     defaults.TProxyAddrV6(),
+		CaptureDNS:       defaults.CaptureDNS,
+		IPv6:             defaults.IPv6,
+		NoInboundCapture: !defaults.InboundCapture,
 	}
 }
-
-// MaxPodIDLen keeps the rule comment within the kernel's 256-byte userdata.
-const MaxPodIDLen = 128
 
 // Validate checks the spec without touching the kernel; Build calls it.
 func (s Spec) Validate() error {
 	var errs []error
 	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	if s.PodID == "" {
-		add("pod id is required")
-	}
-	if len(s.PodID) > MaxPodIDLen {
-		add("pod id is %d bytes, at most %d allowed", len(s.PodID), MaxPodIDLen)
-	}
-	for _, r := range s.PodID {
-		if r < 0x20 || r == 0x7f || r == '"' || r == '\\' {
-			add("pod id %q contains a control character, quote or backslash", s.PodID)
-			break
-		}
+	if err := defaults.CheckPodUID(s.PodID); err != nil {
+		add("pod id %v", err)
 	}
 	if s.Mode != ModeTProxy && s.Mode != ModeRedirect {
 		add("unknown capture mode %d", int(s.Mode))

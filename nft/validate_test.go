@@ -1,10 +1,12 @@
 package nft_test
 
 import (
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
 
+	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/nft"
 )
 
@@ -15,13 +17,13 @@ func TestSpecValidateRejects(t *testing.T) {
 		wantErr string
 	}{
 		{"no pod id", func(s *nft.Spec) { s.PodID = "" }, "pod id is required"},
-		{"pod id too long", func(s *nft.Spec) { s.PodID = strings.Repeat("a", nft.MaxPodIDLen+1) }, "at most 128"},
+		{"pod id too long", func(s *nft.Spec) { s.PodID = strings.Repeat("a", defaults.MaxPodUIDLen+1) }, "at most 128"},
 		{"pod id with quote", func(s *nft.Spec) { s.PodID = `a"b` }, "quote"},
-		{"pod id with newline", func(s *nft.Spec) { s.PodID = "a\nb" }, "control character"},
+		{"pod id with newline", func(s *nft.Spec) { s.PodID = "a\nb" }, "printable characters"},
 		{"unknown mode", func(s *nft.Spec) { s.Mode = 7 }, "unknown capture mode"},
 		{"zero port", func(s *nft.Spec) { s.InboundPort = 0 }, "inbound port must be set"},
-		{"clashing ports", func(s *nft.Spec) { s.InboundPort = s.OutboundPort }, "are both 15001"},
-		{"dns port clash only when on", func(s *nft.Spec) { s.CaptureDNS = true; s.DNSPort = 15008 }, "are both 15008"},
+		{"clashing ports", func(s *nft.Spec) { s.InboundPort = s.OutboundPort }, fmt.Sprint("are both ", defaults.OutboundPort)},
+		{"dns port clash only when on", func(s *nft.Spec) { s.CaptureDNS = true; s.DNSPort = s.InboundHBONEPort }, fmt.Sprint("are both ", defaults.HBONEPort)},
 		{"mark outside mask", func(s *nft.Spec) { s.ProxyMark = nft.Mark{Value: 0x1539, Mask: 0xfff} }, "bits outside its mask"},
 		{"zero mark", func(s *nft.Spec) { s.TProxyMark = nft.Mark{Value: 0, Mask: 0xfff} }, "must not be zero"},
 		{"same marks", func(s *nft.Spec) { s.TProxyMark = s.ProxyMark }, "indistinguishable"},

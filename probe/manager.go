@@ -13,14 +13,12 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftredir/nftredir/internal/defaults"
 )
 
 // SelfNetns is the daemon's own network namespace, the node's by default.
 const SelfNetns = "/proc/self/ns/net"
-
-// maxUIDLen bounds the element comment; the kernel's userdata limit is 256
-// bytes and a pod UID is 36.
-const maxUIDLen = 128
 
 // Config configures a Manager. Zero values take the defaults.
 type Config struct {
@@ -115,10 +113,10 @@ var errClosed = errors.New("node probe table manager is closed")
 func New(cfg Config) (*Manager, error) {
 	spec := Spec{KubeletUID: cfg.KubeletUID, SourceV4: cfg.SourceV4, SourceV6: cfg.SourceV6}
 	if !spec.SourceV4.IsValid() {
-		spec.SourceV4 = DefaultSourceV4
+		spec.SourceV4 = defaults.ProbeSourceV4()
 	}
 	if !spec.SourceV6.IsValid() {
-		spec.SourceV6 = DefaultSourceV6
+		spec.SourceV6 = defaults.ProbeSourceV6()
 	}
 	if cfg.NoIPv4 {
 		spec.SourceV4 = netip.Addr{}
@@ -396,12 +394,11 @@ func largeSendBuffer(c *netlink.Conn) error {
 	return nil
 }
 
+// checkUID holds the element comments to the pod-UID rule, which keeps
+// them within the kernel's userdata limit.
 func checkUID(uid string) error {
-	if uid == "" {
-		return errors.New("pod uid is empty")
-	}
-	if len(uid) > maxUIDLen {
-		return fmt.Errorf("pod uid is %d bytes long (at most %d)", len(uid), maxUIDLen)
+	if err := defaults.CheckPodUID(uid); err != nil {
+		return fmt.Errorf("pod uid %w", err)
 	}
 	return nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
+	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/internal/nftlive"
 )
 
@@ -31,13 +32,6 @@ const (
 	SetV4     = "pod-ips-v4"
 	SetV6     = "pod-ips-v6"
 	ChainName = "postrouting"
-)
-
-// Default probe sources: the addresses ztunnel-compatible pod rules let
-// through uncaptured.
-var (
-	DefaultSourceV4 = netip.MustParseAddr("169.254.7.127")
-	DefaultSourceV6 = netip.MustParseAddr("fd16:9254:7127:1337:ffff:ffff:ffff:ffff")
 )
 
 // srcnat is the priority of the chain: where NAT of locally originated
@@ -56,9 +50,10 @@ type Spec struct {
 	SourceV4, SourceV6 netip.Addr
 }
 
-// DefaultSpec is kubelet as root and the default probe sources.
+// DefaultSpec is kubelet as root and the default probe sources, the
+// addresses ztunnel-compatible pod rules let through uncaptured.
 func DefaultSpec() Spec {
-	return Spec{KubeletUID: 0, SourceV4: DefaultSourceV4, SourceV6: DefaultSourceV6}
+	return Spec{KubeletUID: 0, SourceV4: defaults.ProbeSourceV4(), SourceV6: defaults.ProbeSourceV6()}
 }
 
 // Validate rejects sources of the wrong family or that could never be a

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 )
@@ -138,7 +139,7 @@ func SpecOf(s nft.Spec) SpecRecord {
 
 // spec rebuilds the nft.Spec for podUID.
 func (r SpecRecord) Spec(podUID string) (nft.Spec, error) {
-	mode, err := nft.ParseMode(r.Mode)
+	mode, err := defaults.ParseCaptureMode(r.Mode)
 	if err != nil {
 		return nft.Spec{}, err
 	}
@@ -206,8 +207,8 @@ func (r *Record) Check() error {
 	if r.Version < 1 || r.Version > Version {
 		errs = append(errs, fmt.Errorf("record version %d is not supported (this daemon reads 1..%d)", r.Version, Version))
 	}
-	if err := CheckPodUID(r.PodUID); err != nil {
-		errs = append(errs, err)
+	if err := defaults.CheckPodUID(r.PodUID); err != nil {
+		errs = append(errs, fmt.Errorf("pod_uid %w", err))
 	}
 	if !filepath.IsAbs(r.NetnsPath) {
 		errs = append(errs, fmt.Errorf("netns path %q is not absolute", r.NetnsPath))

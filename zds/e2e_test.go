@@ -16,6 +16,7 @@ import (
 	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/internal/nstest"
 	"github.com/nftredir/nftredir/internal/standin"
 	"github.com/nftredir/nftredir/internal/zdstest"
@@ -25,7 +26,7 @@ import (
 )
 
 // proxyMark is the mark ztunnel puts on its in-pod sockets.
-const proxyMark = 0x539
+const proxyMark = defaults.ProxyMark
 
 // listenInNetns opens the proxy's listeners inside the namespace behind
 // fd, the way ztunnel does with the fd it receives over ZDS: on a locked
@@ -166,7 +167,7 @@ func TestStandInProxyEndToEnd(t *testing.T) {
 	p := zdstest.Dial(t, f.path)
 	p.Hello()
 	add := p.Expect(zdstest.Add, uid)
-	ls, err := listenInNetns(add.Fds[0], map[string]uint16{"proxy-inbound": 15006, "proxy-outbound": 15001, "proxy-hbone": 15008})
+	ls, err := listenInNetns(add.Fds[0], map[string]uint16{"proxy-inbound": defaults.InboundPort, "proxy-outbound": defaults.OutboundPort, "proxy-hbone": defaults.HBONEPort})
 	if err != nil {
 		p.Ack("failure to start proxy: " + err.Error())
 		t.Fatal(err)
@@ -186,7 +187,7 @@ func TestStandInProxyEndToEnd(t *testing.T) {
 		if got, want := ask(t, client, inbound), "proxy-inbound "+inbound.String(); got != want {
 			t.Errorf("inbound to %s: %q, want %q", inbound, got, want)
 		}
-		hbone := netip.AddrPortFrom(a.Pod, 15008)
+		hbone := netip.AddrPortFrom(a.Pod, defaults.HBONEPort)
 		if got, want := ask(t, client, hbone), "proxy-hbone "+hbone.String(); got != want {
 			t.Errorf("inbound to %s: %q, want %q", hbone, got, want)
 		}

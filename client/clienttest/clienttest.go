@@ -2,10 +2,15 @@
 // for testing code that talks to nftredird (the client, nftredirctl, the CNI
 // shim) without privileges or a kernel.
 //
-// The fake is a working model of the API contract, not a stub: it keeps
-// records, fills in defaults, is idempotent, and streams watch events. It
-// programs nothing. Faults and delays can be injected per method to exercise
-// callers' error handling.
+// The fake is a working model of the API contract, not a stub: it validates
+// requests as the daemon does, keeps records, fills in the daemon's
+// defaults (package defaults, the daemon's own source), is idempotent, and
+// streams watch events. It programs nothing and opens no namespace: every
+// absolute path names a namespace, except the node's own (/proc/1/ns/net,
+// /proc/self/ns/net and whatever ProtectNetns adds), which it refuses as
+// the daemon does. The contract suite in package contract holds the fake
+// and the real server to the same cases. Faults and delays can be injected
+// per method to exercise callers' error handling.
 package clienttest
 
 import (
@@ -28,6 +33,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/nftredir/nftredir/internal/apimode"
+	"github.com/nftredir/nftredir/internal/defaults"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
@@ -51,6 +58,7 @@ type Fake struct {
 
 	mu          sync.Mutex // protects the following fields
 	pods        map[string]*nftredirv1.Pod
+	protected   map[string]bool
 	sync        map[string]*nftredirv1.GetPodResponse
 	watchers    map[chan *nftredirv1.WatchPodsResponse]struct{}
 	faults      map[string][]error
@@ -65,15 +73,24 @@ func New() *Fake {
 	hs := health.NewServer()
 	hs.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
 	return &Fake{
-		Health:   hs,
-		Now:      time.Now,
-		pods:     map[string]*nftredirv1.Pod{},
-		sync:     map[string]*nftredirv1.GetPodResponse{},
-		watchers: map[chan *nftredirv1.WatchPodsResponse]struct{}{},
-		faults:   map[string][]error{},
-		delays:   map[string]time.Duration{},
-		calls:    map[string]int{},
+		Health:    hs,
+		Now:       time.Now,
+		pods:      map[string]*nftredirv1.Pod{},
+		protected: map[string]bool{"/proc/1/ns/net": true, "/proc/self/ns/net": true},
+		sync:      map[string]*nftredirv1.GetPodResponse{},
+		watchers:  map[chan *nftredirv1.WatchPodsResponse]struct{}{},
+		faults:    map[string][]error{},
+		delays:    map[string]time.Duration{},
+		calls:     map[string]int{},
 	}
+}
+
+// ProtectNetns makes AddPod refuse path as the node's namespace, as the
+// daemon refuses --node-netns and --protect-netns.
+func (f *Fake) ProtectNetns(path string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.protected[path] = true
 }
 
 // Fail makes the next len(errs) calls of method (e.g. "AddPod", "Check")
@@ -166,70 +183,63 @@ func (f *Fake) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo
 	return h(srv, ss)
 }
 
-// AddPod records the pod with defaults filled in, as the daemon would.
+// AddPod validates the request and records the pod with the daemon's
+// defaults filled in, as the daemon does.
 func (f *Fake) AddPod(_ context.Context, req *nftredirv1.AddPodRequest) (*nftredirv1.AddPodResponse, error) {
-	if req.GetPodUid() == "" {
-		return nil, status.Error(codes.InvalidArgument, "pod_uid is required")
-	}
-	if !filepath.IsAbs(req.GetNetnsPath()) {
-		return nil, status.Errorf(codes.InvalidArgument, "netns_path %q must be an absolute path", req.GetNetnsPath())
-	}
-	if req.GetNetnsPath() == "/proc/1/ns/net" {
-		return nil, status.Error(codes.FailedPrecondition, "netns_path /proc/1/ns/net is the node's own network namespace")
+	p, err := validateAdd(req)
+	if err != nil {
+		return nil, err
 	}
 	now := timestamppb.New(f.Now())
-	p := &nftredirv1.Pod{
-		PodUid:         req.GetPodUid(),
-		PodName:        req.GetPodName(),
-		PodNamespace:   req.GetPodNamespace(),
-		NetnsPath:      req.GetNetnsPath(),
-		NetnsId:        fmt.Sprintf("4:%d:%d", 4026530000+len(req.GetNetnsPath()), 8192+len(req.GetNetnsPath())),
-		PodIps:         req.GetPodIps(),
-		Options:        effective(req.GetOptions()),
-		ServiceAccount: req.ServiceAccount,
-		EnrolledAt:     now,
-		UpdatedAt:      now,
-	}
+	p.NetnsId = fmt.Sprintf("4:%d", 4026530000+len(p.NetnsPath))
+	p.EnrolledAt, p.UpdatedAt = now, now
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if old, ok := f.pods[p.PodUid]; ok {
-		p.EnrolledAt = old.EnrolledAt
-		p.UpdatedAt = old.UpdatedAt
-		if proto.Equal(old, p) {
-			return &nftredirv1.AddPodResponse{Pod: proto.CloneOf(old)}, nil
+	if f.protected[p.NetnsPath] {
+		return nil, status.Errorf(codes.FailedPrecondition, "netns_path %s is the node's own network namespace; pods on the host network cannot be enrolled", p.NetnsPath)
+	}
+	for _, other := range f.pods {
+		if other.PodUid != p.PodUid && other.NetnsPath == p.NetnsPath {
+			return nil, status.Errorf(codes.FailedPrecondition, "netns_path %s is in use by pod %q; release it with RemovePod first", p.NetnsPath, other.PodUid)
 		}
-		p.UpdatedAt = now
+	}
+	old, existed := f.pods[p.PodUid]
+	if existed {
+		// As the daemon: a re-apply keeps the enrolment time and stamps
+		// the update; only a changed intent is an event.
+		p.EnrolledAt = old.EnrolledAt
 	}
 	f.pods[p.PodUid] = p
-	f.notify(nftredirv1.EventType_EVENT_TYPE_ADDED, p)
+	if !existed || !sameIntent(old, p) {
+		f.notify(nftredirv1.EventType_EVENT_TYPE_ADDED, p)
+	}
 	return &nftredirv1.AddPodResponse{Pod: proto.CloneOf(p)}, nil
 }
 
-// effective fills unset options with the daemon defaults.
-func effective(o *nftredirv1.RedirectOptions) *nftredirv1.RedirectOptions {
-	e := proto.CloneOf(o)
-	if e == nil {
-		e = &nftredirv1.RedirectOptions{}
+// sameIntent compares two records without their timestamps.
+func sameIntent(a, b *nftredirv1.Pod) bool {
+	a, b = proto.CloneOf(a), proto.CloneOf(b)
+	a.EnrolledAt, a.UpdatedAt, b.EnrolledAt, b.UpdatedAt = nil, nil, nil, nil
+	return proto.Equal(a, b)
+}
+
+// DefaultOptions are the options of a pod that sets none, as the daemon
+// echoes them with its default flags: every field explicit.
+func DefaultOptions() *nftredirv1.RedirectOptions {
+	return &nftredirv1.RedirectOptions{
+		CaptureMode:    apimode.ToAPI(defaults.Mode),
+		DnsCapture:     proto.Bool(defaults.CaptureDNS),
+		Ipv6:           proto.Bool(defaults.IPv6),
+		InboundCapture: proto.Bool(defaults.InboundCapture),
+		TproxyIpv4:     proto.String(defaults.TProxyAddrV4().String()),
+		TproxyIpv6:     proto.String(defaults.TProxyAddrV6().String()),
 	}
-	if e.CaptureMode == nftredirv1.CaptureMode_CAPTURE_MODE_UNSPECIFIED {
-		e.CaptureMode = nftredirv1.CaptureMode_CAPTURE_MODE_TPROXY
-	}
-	if e.DnsCapture == nil {
-		e.DnsCapture = proto.Bool(true)
-	}
-	if e.Ipv6 == nil {
-		e.Ipv6 = proto.Bool(true)
-	}
-	if e.InboundCapture == nil {
-		e.InboundCapture = proto.Bool(true)
-	}
-	return e
 }
 
 // RemovePod forgets the pod; unknown pods are fine.
 func (f *Fake) RemovePod(_ context.Context, req *nftredirv1.RemovePodRequest) (*nftredirv1.RemovePodResponse, error) {
-	if req.GetPodUid() == "" {
-		return nil, status.Error(codes.InvalidArgument, "pod_uid is required")
+	if err := validateUID(req.GetPodUid()); err != nil {
+		return nil, err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -244,8 +254,8 @@ func (f *Fake) RemovePod(_ context.Context, req *nftredirv1.RemovePodRequest) (*
 
 // GetPod returns the record and the live state set by SetSync.
 func (f *Fake) GetPod(_ context.Context, req *nftredirv1.GetPodRequest) (*nftredirv1.GetPodResponse, error) {
-	if req.GetPodUid() == "" {
-		return nil, status.Error(codes.InvalidArgument, "pod_uid is required")
+	if err := validateUID(req.GetPodUid()); err != nil {
+		return nil, err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()

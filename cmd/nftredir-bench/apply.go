@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/nftables"
 
+	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
@@ -62,7 +63,7 @@ func rpcName(method string) string {
 }
 func mRemove(conc int) string { return fmt.Sprintf("nftredir RemovePod, %d concurrent", conc) }
 
-// peerRuleset is the peer's in-pod TPROXY ruleset (Istio's tproxy.golden
+// peerRulesetTemplate is the peer's in-pod TPROXY ruleset (Istio's tproxy.golden
 // before it switched to REDIRECT), loaded as it did with
 // `iptables-restore --noflush`. Two changes make it do what nftredir's
 // ruleset does and no more: the DNS lines and the raw table are left out
@@ -72,29 +73,44 @@ func mRemove(conc int) string { return fmt.Sprintf("nftredir RemovePod, %d concu
 // pod does not own lose their handshake's ACK (nftredir has the same rule).
 // IPv4 only: IPv6 would take a second ip6tables-restore, which nftredir's
 // inet table does not need; leaving it out favours the baseline.
-const peerRuleset = `* mangle
+const peerRulesetTemplate = `* mangle
 -N ISTIO_PRERT
 -N ISTIO_OUTPUT
 -A PREROUTING -j ISTIO_PRERT
 -A OUTPUT -j ISTIO_OUTPUT
--A ISTIO_PRERT -m mark --mark 0x539/0xfff -j CONNMARK --set-xmark 0x111/0xfff
--A ISTIO_PRERT -s 169.254.7.127 -p tcp -m tcp -j ACCEPT
+-A ISTIO_PRERT -m mark --mark $PROXY_MARK -j CONNMARK --set-xmark $TPROXY_MARK
+-A ISTIO_PRERT -s $PROBE_V4 -p tcp -m tcp -j ACCEPT
 -A ISTIO_PRERT ! -d 127.0.0.1/32 -p tcp -i lo -j ACCEPT
--A ISTIO_PRERT -p tcp -m tcp --dport 15008 -m mark ! --mark 0x539/0xfff -j TPROXY --on-port 15008 --tproxy-mark 0x111/0xfff
--A ISTIO_PRERT -p tcp -m socket --transparent -j MARK --set-xmark 0x111/0xfff
+-A ISTIO_PRERT -p tcp -m tcp --dport $HBONE -m mark ! --mark $PROXY_MARK -j TPROXY --on-port $HBONE --tproxy-mark $TPROXY_MARK
+-A ISTIO_PRERT -p tcp -m socket --transparent -j MARK --set-xmark $TPROXY_MARK
 -A ISTIO_PRERT -p tcp -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
--A ISTIO_PRERT ! -d 127.0.0.1/32 -p tcp -m mark ! --mark 0x539/0xfff -j TPROXY --on-port 15006 --tproxy-mark 0x111/0xfff
--A ISTIO_OUTPUT -m connmark --mark 0x111/0xfff -j CONNMARK --restore-mark --nfmask 0xffffffff --ctmask 0xffffffff
+-A ISTIO_PRERT ! -d 127.0.0.1/32 -p tcp -m mark ! --mark $PROXY_MARK -j TPROXY --on-port $INBOUND --tproxy-mark $TPROXY_MARK
+-A ISTIO_OUTPUT -m connmark --mark $TPROXY_MARK -j CONNMARK --restore-mark --nfmask 0xffffffff --ctmask 0xffffffff
 COMMIT
 * nat
 -N ISTIO_OUTPUT
 -A OUTPUT -j ISTIO_OUTPUT
--A ISTIO_OUTPUT -d 169.254.7.127 -p tcp -m tcp -j ACCEPT
--A ISTIO_OUTPUT -p tcp -m mark --mark 0x111/0xfff -j ACCEPT
+-A ISTIO_OUTPUT -d $PROBE_V4 -p tcp -m tcp -j ACCEPT
+-A ISTIO_OUTPUT -p tcp -m mark --mark $TPROXY_MARK -j ACCEPT
 -A ISTIO_OUTPUT ! -d 127.0.0.1/32 -o lo -j ACCEPT
--A ISTIO_OUTPUT ! -d 127.0.0.1/32 -p tcp -m mark ! --mark 0x539/0xfff -j REDIRECT --to-ports 15001
+-A ISTIO_OUTPUT ! -d 127.0.0.1/32 -p tcp -m mark ! --mark $PROXY_MARK -j REDIRECT --to-ports $OUTBOUND
 COMMIT
 `
+
+// peerRuleset is peerRulesetTemplate with the marks, ports and probe
+// source of package defaults, the same ones nftredir's default spec uses.
+func peerRuleset() string {
+	mark := func(v uint32) string { return fmt.Sprintf("%#x/%#x", v, defaults.MarkMask) }
+	port := func(p uint16) string { return strconv.Itoa(int(p)) }
+	return strings.NewReplacer(
+		"$PROXY_MARK", mark(defaults.ProxyMark),
+		"$TPROXY_MARK", mark(defaults.TProxyMark),
+		"$PROBE_V4", defaults.ProbeSourceV4().String(),
+		"$OUTBOUND", port(defaults.OutboundPort),
+		"$INBOUND", port(defaults.InboundPort),
+		"$HBONE", port(defaults.HBONEPort),
+	).Replace(peerRulesetTemplate)
+}
 
 // peerRules is the number of -A lines in peerRuleset and peerTProxyRules
 // the number of them that TPROXY, checked after loading it.
@@ -114,8 +130,9 @@ type step struct {
 // peer installs them.
 func policyRouting(ns string) []step {
 	return []step{
-		{name: "ip rule", args: []string{"ip", "-n", ns, "rule", "add", "fwmark", "0x111/0xfff", "pref", "32764", "lookup", "100"}},
-		{name: "ip route", args: []string{"ip", "-n", ns, "route", "replace", "local", "default", "dev", "lo", "table", "100"}},
+		{name: "ip rule", args: []string{"ip", "-n", ns, "rule", "add", "fwmark", fmt.Sprintf("%#x/%#x", defaults.TProxyMark, defaults.MarkMask),
+			"pref", strconv.Itoa(defaults.RulePriority), "lookup", strconv.Itoa(defaults.RouteTable)}},
+		{name: "ip route", args: []string{"ip", "-n", ns, "route", "replace", "local", "default", "dev", "lo", "table", strconv.Itoa(defaults.RouteTable)}},
 	}
 }
 
@@ -123,7 +140,7 @@ func iptablesSteps(ns string) []step {
 	return append([]step{{
 		name:  "iptables-restore",
 		args:  []string{"ip", "netns", "exec", ns, "iptables-restore", "--noflush"},
-		stdin: peerRuleset,
+		stdin: peerRuleset(),
 	}}, policyRouting(ns)...)
 }
 

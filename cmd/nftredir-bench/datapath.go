@@ -14,6 +14,7 @@ import (
 
 	vnetns "github.com/vishvananda/netns"
 
+	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/internal/standin"
 )
 
@@ -30,9 +31,9 @@ const (
 const (
 	dpPodAddr    = "10.99.0.2"
 	dpClientAddr = "10.99.0.1"
-	dpAppPort    = 8080  // where the client connects
-	dpProxyPort  = 15006 // where capture delivers it
-	dpProxyMark  = 0x539
+	dpAppPort    = 8080                 // where the client connects
+	dpProxyPort  = defaults.InboundPort // where capture delivers it
+	dpProxyMark  = defaults.ProxyMark
 )
 
 // clientPorts is the client namespace's ephemeral port range. A sample

@@ -14,6 +14,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/nftredir/nftredir/client"
+	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 	"github.com/nftredir/nftredir/probe"
@@ -222,19 +223,22 @@ func benchRecord(uid, path string) *state.Record {
 		NetnsID:      "0:0",
 		PodIPs:       []string{dpPodAddr},
 		Spec: state.SpecRecord{
-			Mode:             "TPROXY",
-			OutboundPort:     15001,
-			InboundPort:      15006,
-			InboundHBONEPort: 15008,
-			DNSPort:          15053,
-			ProxyMark:        state.Mark{Value: 0x539, Mask: 0xfff},
-			TProxyMark:       state.Mark{Value: 0x111, Mask: 0xfff},
-			ProbeSourceV4:    "169.254.7.127",
-			ProbeSourceV6:    "fd16:9254:7127:1337:ffff:ffff:ffff:ffff",
-			IPv6:             true,
-			InboundCapture:   true,
+			Mode:             defaults.Mode.String(),
+			OutboundPort:     defaults.OutboundPort,
+			InboundPort:      defaults.InboundPort,
+			InboundHBONEPort: defaults.HBONEPort,
+			DNSPort:          defaults.DNSPort,
+			ProxyMark:        state.Mark{Value: defaults.ProxyMark, Mask: defaults.MarkMask},
+			TProxyMark:       state.Mark{Value: defaults.TProxyMark, Mask: defaults.MarkMask},
+			ProbeSourceV4:    defaults.ProbeSourceV4().String(),
+			ProbeSourceV6:    defaults.ProbeSourceV6().String(),
+			TProxyV4:         defaults.TProxyAddrV4().String(),
+			TProxyV6:         defaults.TProxyAddrV6().String(),
+			CaptureDNS:       defaults.CaptureDNS,
+			IPv6:             defaults.IPv6,
+			InboundCapture:   defaults.InboundCapture,
 		},
-		Routing:    state.Routing{Mark: 0x111, Mask: 0xfff, Table: 100, Priority: 32764},
+		Routing:    state.Routing{Mark: defaults.TProxyMark, Mask: defaults.MarkMask, Table: defaults.RouteTable, Priority: defaults.RulePriority},
 		EnrolledAt: now,
 		UpdatedAt:  now,
 	}

@@ -358,7 +358,7 @@ func (r *report) scaleTable() table {
 		{fmt.Sprintf("%d pods, every table deleted behind its back (all re-applied)", s.pods), cell(spreadOf(dur(s.reapply)), 0), cell(perPod(s.reapply), 3)},
 	}
 	t.notes = []string{fmt.Sprintf("The %d records were made by %d AddPods, %d in flight: %.0f pods/s (p50 %.2f ms, p99 %.2f ms). "+
-		"The daemon reconciles with its default %d workers; records are on tmpfs%s.",
+		"The daemon reconciles with %d workers, its default; records are on tmpfs%s.",
 		s.pods, s.pods, scaleConc, s.enrol.rate(), s.enrol.p50(), s.enrol.p99(), lifecycle.DefaultReconcileWorkers, r.tmpfsNote())}
 	return t
 }

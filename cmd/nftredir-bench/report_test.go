@@ -150,10 +150,10 @@ func TestReportHasNoFixedJudgments(t *testing.T) {
 }
 
 func TestPeerRuleCountsMatchTheRuleset(t *testing.T) {
-	if got := strings.Count(peerRuleset, "\n-A "); got != peerRules {
+	if got := strings.Count(peerRuleset(), "\n-A "); got != peerRules {
 		t.Errorf("peerRuleset has %d rules, peerRules says %d", got, peerRules)
 	}
-	if got := strings.Count(peerRuleset, "-j TPROXY"); got != peerTProxyRules {
+	if got := strings.Count(peerRuleset(), "-j TPROXY"); got != peerTProxyRules {
 		t.Errorf("peerRuleset has %d TPROXY rules, peerTProxyRules says %d", got, peerTProxyRules)
 	}
 }

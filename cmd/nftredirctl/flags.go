@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/nftredir/nftredir/internal/apimode"
+	"github.com/nftredir/nftredir/internal/defaults"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
@@ -109,11 +111,6 @@ func (f optStringFlag) Set(s string) error {
 // modeFlag names capture modes as operators say them.
 type modeFlag struct{ v *nftredirv1.CaptureMode }
 
-var modeNames = map[string]nftredirv1.CaptureMode{
-	"tproxy":   nftredirv1.CaptureMode_CAPTURE_MODE_TPROXY,
-	"redirect": nftredirv1.CaptureMode_CAPTURE_MODE_REDIRECT,
-}
-
 func (f modeFlag) String() string {
 	if f.v == nil || *f.v == nftredirv1.CaptureMode_CAPTURE_MODE_UNSPECIFIED {
 		return ""
@@ -122,24 +119,25 @@ func (f modeFlag) String() string {
 }
 
 func (f modeFlag) Set(s string) error {
-	m, ok := modeNames[strings.ToLower(s)]
-	if !ok {
-		return fmt.Errorf("%q is not a capture mode: want tproxy or redirect", s)
+	m, err := apimode.Parse(s)
+	if err != nil {
+		return fmt.Errorf("%q is not a capture mode: want %s", s, strings.ToLower(defaults.CaptureModeNames()))
 	}
 	*f.v = m
 	return nil
 }
 
+// modeName is the mode's name in lower case, "default" when unset, and
+// the API's name for a value this build does not know.
 func modeName(m nftredirv1.CaptureMode) string {
-	for name, v := range modeNames {
-		if v == m {
-			return name
-		}
-	}
-	if m == nftredirv1.CaptureMode_CAPTURE_MODE_UNSPECIFIED {
+	mode, set, err := apimode.FromAPI(m)
+	switch {
+	case err != nil:
+		return m.String()
+	case !set:
 		return "default"
 	}
-	return m.String()
+	return strings.ToLower(mode.String())
 }
 
 // choiceFlag is a string restricted to a few values.

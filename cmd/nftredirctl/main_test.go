@@ -16,6 +16,7 @@ import (
 
 	"github.com/nftredir/nftredir/client"
 	"github.com/nftredir/nftredir/client/clienttest"
+	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/internal/nstest"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
@@ -132,7 +133,7 @@ func TestAddOutput(t *testing.T) {
 		"Pod":                     "shop/web-1",
 		"Capture mode":            "tproxy", // the daemon's default, as recorded
 		"IPv6 capture":            "off",
-		"DNS capture":             "on",
+		"DNS capture":             onOff(proto.Bool(defaults.CaptureDNS)), // the daemon's default
 		"Excluded inbound ports":  "15021",
 		"Excluded outbound CIDRs": "-",
 		"Enrolled":                "2026-03-04T05:01:07Z (5m ago)",
@@ -344,9 +345,9 @@ func TestFailures(t *testing.T) {
 	}{
 		{[]string{"get", "nope"}, "nftredirctl: get failed: NotFound: pod nope is not enrolled\n"},
 		{[]string{"add", "--pod-uid", "u", "--netns", "/proc/1/ns/net"},
-			"nftredirctl: add failed: FailedPrecondition: netns_path /proc/1/ns/net is the node's own network namespace\n"},
+			"nftredirctl: add failed: FailedPrecondition: netns_path /proc/1/ns/net is the node's own network namespace; pods on the host network cannot be enrolled\n"},
 		{[]string{"add", "--pod-uid", "u", "--netns", "relative/path"},
-			`nftredirctl: add failed: InvalidArgument: netns_path "relative/path" must be an absolute path` + "\n"},
+			`nftredirctl: add failed: InvalidArgument: invalid request: netns_path "relative/path" is relative; give the absolute path of the pod's network namespace` + "\n"},
 	} {
 		out, errOut, code := e.run(t, tc.args...)
 		if code != exitFailed || errOut != tc.want || out != "" {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/kube"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
@@ -27,11 +28,9 @@ func envName(flagName string) string {
 	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
-// defaultMetricsAddress is istio-cni's monitoring port, the node agent
-// whose place nftredird takes; it is none of ztunnel's (15000, 15001,
-// 15006, 15008, 15020, 15021, 15053), which runs beside it. On a
+// defaultMetricsAddress is every address on defaults.MetricsPort. On a
 // hostNetwork DaemonSet the port is the node's.
-const defaultMetricsAddress = ":15014"
+var defaultMetricsAddress = fmt.Sprintf(":%d", defaults.MetricsPort)
 
 // cmdUninstall is the subcommand that removes the node probe table.
 const cmdUninstall = "uninstall"
@@ -134,13 +133,16 @@ Flags:
 
 func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Writer) (*options, error) {
 	o := &options{
-		outboundPort: 15001, inboundPort: 15006, hbonePort: 15008, dnsPort: 15053,
-		proxyMark:  markValue{Value: 0x539, Mask: 0xfff},
-		tproxyMark: markValue{Value: 0x111, Mask: 0xfff},
-		probeV4:    addrValue{netip.MustParseAddr("169.254.7.127")},
-		probeV6:    addrValue{netip.MustParseAddr("fd16:9254:7127:1337:ffff:ffff:ffff:ffff")},
-		tproxyV4:   addrValue{nft.DefaultTProxyAddrV4},
-		tproxyV6:   addrValue{nft.DefaultTProxyAddrV6},
+		outboundPort: portValue(defaults.OutboundPort),
+		inboundPort:  portValue(defaults.InboundPort),
+		hbonePort:    portValue(defaults.HBONEPort),
+		dnsPort:      portValue(defaults.DNSPort),
+		proxyMark:    markValue{Value: defaults.ProxyMark, Mask: defaults.MarkMask},
+		tproxyMark:   markValue{Value: defaults.TProxyMark, Mask: defaults.MarkMask},
+		probeV4:      addrValue{defaults.ProbeSourceV4()},
+		probeV6:      addrValue{defaults.ProbeSourceV6()},
+		tproxyV4:     addrValue{defaults.TProxyAddrV4()},
+		tproxyV6:     addrValue{defaults.TProxyAddrV6()},
 	}
 	// The Downward API's usual variable; NFTREDIR_NODE_NAME still wins.
 	nodeNameDefault, _ := lookupEnv("NODE_NAME")
@@ -148,7 +150,7 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	// The flag package prints errors and usage itself; keep it quiet and
 	// print usage only for -h, so an error is one clear line.
 	fs.SetOutput(io.Discard)
-	fs.StringVar(&o.socket, "socket", "/run/nftredir/nftredir.sock", "`path` of the Unix socket to serve on; its directory is created 0750 root-owned, the socket is 0660")
+	fs.StringVar(&o.socket, "socket", defaults.Socket, "`path` of the Unix socket to serve on; its directory is created 0750 root-owned, the socket is 0660")
 	fs.StringVar(&o.stateDir, "state-dir", "/run/nftredir/pods", "`dir`ectory of the per-pod records; keep it on tmpfs (/run) so it lives exactly as long as the namespaces it describes")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log `level`: trace, debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log `format`: json or text")
@@ -170,17 +172,17 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.BoolVar(&o.cleanupOnExit, "cleanup-on-exit", false, "after a clean stop (SIGTERM/SIGINT), remove the node probe table as \"nftredird uninstall\" does; for taking nftredir off the node, not for restarts, which should keep kubelet probes working")
 	fs.StringVar(&o.nodeNetns, "node-netns", "", "network namespace `path` of the node, where the probe table lives; empty is the daemon's own; pods naming it are refused like the daemon's own namespace")
 	fs.Var(&o.kubeletUID, "kubelet-uid", "`uid` of the kubelet, whose TCP to enrolled pods is SNATed to the probe source; giving it turns --probe-snat on")
-	fs.StringVar(&o.captureMode, "capture-mode", "TPROXY", "default capture `mode` for pods that do not choose: TPROXY or REDIRECT")
+	fs.StringVar(&o.captureMode, "capture-mode", defaults.Mode.String(), "default capture `mode` for pods that do not choose: "+defaults.CaptureModeNames())
 	fs.Var(&o.outboundPort, "outbound-port", "proxy `port` that captures the pod's outgoing TCP")
 	fs.Var(&o.inboundPort, "inbound-port", "proxy `port` that receives incoming plaintext TCP")
 	fs.Var(&o.hbonePort, "hbone-port", "proxy `port` that receives incoming HBONE (mTLS tunnel) TCP")
 	fs.Var(&o.dnsPort, "dns-port", "proxy `port` that receives captured DNS")
-	fs.BoolVar(&o.dnsCapture, "dns-capture", false, "capture pods' DNS by default")
-	fs.BoolVar(&o.ipv6, "ipv6", true, "capture IPv6 as well as IPv4 by default")
+	fs.BoolVar(&o.dnsCapture, "dns-capture", defaults.CaptureDNS, "capture pods' DNS by default")
+	fs.BoolVar(&o.ipv6, "ipv6", defaults.IPv6, "capture IPv6 as well as IPv4 by default")
 	fs.Var(&o.proxyMark, "proxy-mark", "`mark/mask` the proxy sets on its own sockets; such packets are never captured")
 	fs.Var(&o.tproxyMark, "tproxy-mark", "`mark/mask` set on tproxied packets; policy routing delivers them locally")
-	fs.IntVar(&o.routeTable, "route-table", 100, "routing `table` for the local route of tproxied packets")
-	fs.IntVar(&o.rulePriority, "rule-priority", 32764, "`priority` of the fwmark ip rule")
+	fs.IntVar(&o.routeTable, "route-table", defaults.RouteTable, "routing `table` for the local route of tproxied packets")
+	fs.IntVar(&o.rulePriority, "rule-priority", defaults.RulePriority, "`priority` of the fwmark ip rule")
 	fs.Var(&o.probeV4, "probe-source-v4", "kubelet probe source `address` (SNATed on the node) that bypasses capture; empty disables")
 	fs.Var(&o.probeV6, "probe-source-v6", "IPv6 kubelet probe source `address`; empty disables")
 	fs.BoolVar(&o.version, "version", false, "print the version (module, VCS revision and time, Go version) and exit")
@@ -294,7 +296,7 @@ func (o *options) check() error {
 	}
 	if o.metricsAddress != "" {
 		if _, port, err := net.SplitHostPort(o.metricsAddress); err != nil || port == "" {
-			bad("--metrics-address %q: want host:port, e.g. :15014 or 127.0.0.1:15014 (or empty to serve none)", o.metricsAddress)
+			bad("--metrics-address %q: want host:port, e.g. :%d or 127.0.0.1:%[2]d (or empty to serve none)", o.metricsAddress, defaults.MetricsPort)
 		}
 	}
 	if o.zdsSocket != "" && (!filepath.IsAbs(o.zdsSocket) || filepath.Clean(o.zdsSocket) != o.zdsSocket) {
@@ -331,7 +333,7 @@ func (o *options) check() error {
 	} else if o.kubeconfig != "" {
 		bad("--kubeconfig is for Kubernetes mode; add --kubernetes")
 	}
-	mode, err := nft.ParseMode(o.captureMode)
+	mode, err := defaults.ParseCaptureMode(o.captureMode)
 	if err != nil {
 		bad("--capture-mode: %v", err)
 	}
@@ -437,7 +439,8 @@ func (p *portValue) Set(v string) error {
 	return nil
 }
 
-// markValue parses "0x539/0xfff" (or a bare value, mask 0xffffffff).
+// markValue parses "mark/mask", e.g. "0x539/0xfff" (or a bare value,
+// mask 0xffffffff).
 type markValue nft.Mark
 
 func (m *markValue) String() string { return fmt.Sprintf("%#x/%#x", m.Value, m.Mask) }
@@ -446,12 +449,12 @@ func (m *markValue) Set(v string) error {
 	val, mask, hasMask := strings.Cut(v, "/")
 	x, err := strconv.ParseUint(val, 0, 32)
 	if err != nil {
-		return fmt.Errorf("%q: want mark/mask, e.g. 0x539/0xfff", v)
+		return fmt.Errorf("%q: want mark/mask, e.g. %#x/%#x", v, defaults.ProxyMark, defaults.MarkMask)
 	}
 	y := uint64(0xffffffff)
 	if hasMask {
 		if y, err = strconv.ParseUint(mask, 0, 32); err != nil {
-			return fmt.Errorf("%q: want mark/mask, e.g. 0x539/0xfff", v)
+			return fmt.Errorf("%q: want mark/mask, e.g. %#x/%#x", v, defaults.ProxyMark, defaults.MarkMask)
 		}
 	}
 	*m = markValue{Value: uint32(x), Mask: uint32(y)}

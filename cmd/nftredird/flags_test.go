@@ -3,12 +3,15 @@ package main
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nftredir/nftredir/internal/defaults"
+	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 )
 
@@ -25,10 +28,10 @@ func TestFlagDefaults(t *testing.T) {
 	if !equalSpec(o.spec, want) {
 		t.Errorf("default spec %+v, want %+v", o.spec, want)
 	}
-	if o.socket != "/run/nftredir/nftredir.sock" || o.stateDir != "/run/nftredir/pods" || o.reconcileInterval != 30*time.Second || !o.reflection {
+	if o.socket != defaults.Socket || o.stateDir != "/run/nftredir/pods" || o.reconcileInterval != 30*time.Second || !o.reflection {
 		t.Errorf("defaults: %+v", o)
 	}
-	if o.routing.Table != 100 || o.routing.Priority != 32764 || o.routing.Mark != 0x111 || o.routing.Mask != 0xfff {
+	if o.routing != netns.DefaultRouting() {
 		t.Errorf("routing: %+v", o.routing)
 	}
 }
@@ -105,8 +108,8 @@ func TestInvalidFlags(t *testing.T) {
 	}{
 		{[]string{"--capture-mode", "NAT"}, nil, "capture mode"},
 		{[]string{"--outbound-port", "0"}, nil, "not a port"},
-		{[]string{"--inbound-port", "15001"}, nil, "both 15001"},
-		{[]string{"--proxy-mark", "0x111/0xfff"}, nil, "indistinguishable"},
+		{[]string{"--inbound-port", fmt.Sprint(defaults.OutboundPort)}, nil, fmt.Sprint("both ", defaults.OutboundPort)},
+		{[]string{"--proxy-mark", fmt.Sprintf("%#x/%#x", defaults.TProxyMark, defaults.MarkMask)}, nil, "indistinguishable"},
 		{[]string{"--proxy-mark", "zz"}, nil, "mark/mask"},
 		{[]string{"--route-table", "254"}, nil, "reserved"},
 		{[]string{"--rule-priority", "40000"}, nil, "priority"},
@@ -146,7 +149,7 @@ func TestHelpDocumentsEnvTwins(t *testing.T) {
 	if !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("--help: %v", err)
 	}
-	for _, want := range []string{"NFTREDIR_SOCKET", "NFTREDIR_ALLOW_GID", "--tproxy-mark", "default 0x111/0xfff", "wins over",
+	for _, want := range []string{"NFTREDIR_SOCKET", "NFTREDIR_ALLOW_GID", "--tproxy-mark", fmt.Sprintf("default %#x/%#x", defaults.TProxyMark, defaults.MarkMask), "wins over",
 		"NFTREDIR_ZDS_SOCKET", "default /var/run/ztunnel/ztunnel.sock", "NFTREDIR_ZDS_REQUIRE_ACK", "NFTREDIR_PROBE_SNAT",
 		"NFTREDIR_NODE_NETNS", "NFTREDIR_KUBELET_UID", "nftredird uninstall", "NFTREDIR_CLEANUP_ON_EXIT"} {
 		if !strings.Contains(out.String(), want) {

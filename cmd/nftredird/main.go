@@ -180,10 +180,11 @@ func serve(opts *options, root hclog.Logger) error {
 	}
 	defaults := opts.spec
 	pcfg := lifecycle.Config{
-		Store:    store,
-		Routing:  opts.routing,
-		Defaults: &defaults,
-		Logger:   root.Named("server"),
+		Store:        store,
+		RouteTable:   opts.routing.Table,
+		RulePriority: opts.routing.Priority,
+		Defaults:     &defaults,
+		Logger:       root.Named("server"),
 	}
 	cfg := server.Config{
 		Logger:            root.Named("server"),

@@ -3,6 +3,8 @@ package nstest
 import (
 	"net/netip"
 	"testing"
+
+	"github.com/nftredir/nftredir/internal/defaults"
 )
 
 // Names the stand-in proxy's listeners answer with.
@@ -20,8 +22,11 @@ type ProxyPorts struct {
 	Mark uint32
 }
 
-// DefaultProxyPorts are ztunnel's.
-var DefaultProxyPorts = ProxyPorts{Outbound: 15001, Inbound: 15006, HBONE: 15008, DNS: 15053, Mark: 0x539}
+// DefaultProxyPorts are the daemon's defaults, ztunnel's.
+var DefaultProxyPorts = ProxyPorts{
+	Outbound: defaults.OutboundPort, Inbound: defaults.InboundPort, HBONE: defaults.HBONEPort, DNS: defaults.DNSPort,
+	Mark: defaults.ProxyMark,
+}
 
 // StartProxy starts a stand-in for the node proxy inside ns, shaped like
 // ztunnel's in-pod listeners: dual-stack [::] TCP listeners on the

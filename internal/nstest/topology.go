@@ -4,6 +4,8 @@ import (
 	"net/netip"
 	"os"
 	"testing"
+
+	"github.com/nftredir/nftredir/internal/defaults"
 )
 
 // Addrs are the addresses of one family in a Pair. Every pair uses the same
@@ -34,7 +36,7 @@ var (
 		Pod:      netip.MustParseAddr("10.99.0.2"),
 		Peer:     netip.MustParseAddr("10.99.0.1"),
 		Extra:    netip.MustParseAddr("10.97.0.1"),
-		Probe:    netip.MustParseAddr("169.254.7.127"),
+		Probe:    defaults.ProbeSourceV4(),
 		Routed:   netip.MustParseAddr("10.98.0.5"),
 		Loopback: netip.MustParseAddr("127.0.0.1"),
 		Any:      netip.IPv4Unspecified(),
@@ -43,7 +45,7 @@ var (
 		Pod:      netip.MustParseAddr("fd00:99::2"),
 		Peer:     netip.MustParseAddr("fd00:99::1"),
 		Extra:    netip.MustParseAddr("fd00:97::1"),
-		Probe:    netip.MustParseAddr("fd16:9254:7127:1337:ffff:ffff:ffff:ffff"),
+		Probe:    defaults.ProbeSourceV6(),
 		Routed:   netip.MustParseAddr("fd00:98::5"),
 		Loopback: netip.IPv6Loopback(),
 		Any:      netip.IPv6Unspecified(),

@@ -1,7 +1,7 @@
 // Command standin plays the other parties of a capture demo: a proxy that
 // reports what it captured, an app, and a client.
 //
-//	standin proxy [-ports 15001,15006,15008] [-mark 0x539]
+//	standin proxy [-ports P,P,...] [-mark M]   (default: the daemon's proxy ports and mark)
 //	standin app   [-port 8080] [-name app]
 //	standin dial  ADDR:PORT [-mark 0]
 package main
@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/internal/standin"
 )
 
@@ -49,8 +50,8 @@ func parseMark(s string) (uint32, error) {
 
 func proxy(args []string) error {
 	fs := flag.NewFlagSet("proxy", flag.ExitOnError)
-	ports := fs.String("ports", "15001,15006,15008", "ports to listen on")
-	markFlag := fs.String("mark", "0x539", "mark on the proxy's sockets")
+	ports := fs.String("ports", fmt.Sprintf("%d,%d,%d", defaults.OutboundPort, defaults.InboundPort, defaults.HBONEPort), "ports to listen on")
+	markFlag := fs.String("mark", fmt.Sprintf("%#x", defaults.ProxyMark), "mark on the proxy's sockets")
 	fs.Parse(args)
 	mark, err := parseMark(*markFlag)
 	if err != nil {

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/nftredir/nftredir/internal/defaults"
 )
 
 // The subcommands. CNI runtimes execute plugins with no arguments (the
@@ -158,7 +160,7 @@ func parse(command string, args []string, lookupEnv func(string) (string, bool),
 	fs.StringVar(&o.confDir, "cni-conf-dir", "/etc/cni/net.d", "the runtime's CNI configuration `dir`")
 	fs.StringVar(&o.confName, "cni-conf-name", "", "network `file` in --cni-conf-dir to chain into; empty: the first .conf, .conflist or .json in lexical order, as the runtimes pick it")
 	fs.StringVar(&o.pluginConfig, "plugin-config", "", "JSON `file` holding the plugin's entry (see docs/cni.md); the flags below that are given override its keys")
-	fs.StringVar(&o.socket, "socket", "/run/nftredir/nftredir.sock", "entry key socket: the daemon's socket `path`")
+	fs.StringVar(&o.socket, "socket", defaults.Socket, "entry key socket: the daemon's socket `path`")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "entry key timeout: bound on each call to the daemon")
 	fs.Var(&o.excludeNS, "exclude-namespaces", "entry key excludeNamespaces: Kubernetes `namespaces` whose pods are not enrolled (comma list; empty for none)")
 	fs.StringVar(&o.logFile, "log-file", "", "entry key logFile: the plugin's log `file`; empty logs to the runtime's stderr")

@@ -17,6 +17,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/nftredir/nftredir/client"
+	"github.com/nftredir/nftredir/internal/apimode"
+	"github.com/nftredir/nftredir/internal/defaults"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
@@ -239,13 +241,10 @@ func parseOptions(raw *rawConf) (*nftredirv1.RedirectOptions, []string) {
 		if err := strictDecode(raw.CaptureMode, &s); err != nil {
 			errs = append(errs, fmt.Sprintf("captureMode: %v", err))
 		} else {
-			switch strings.ToUpper(s) {
-			case "TPROXY":
-				o.CaptureMode = nftredirv1.CaptureMode_CAPTURE_MODE_TPROXY
-			case "REDIRECT":
-				o.CaptureMode = nftredirv1.CaptureMode_CAPTURE_MODE_REDIRECT
-			default:
-				errs = append(errs, fmt.Sprintf("captureMode %q is not TPROXY or REDIRECT (leave it out for the daemon's default)", s))
+			if m, err := apimode.Parse(s); err != nil {
+				errs = append(errs, fmt.Sprintf("captureMode %q is not %s (leave it out for the daemon's default)", s, defaults.CaptureModeNames()))
+			} else {
+				o.CaptureMode = m
 			}
 		}
 	}

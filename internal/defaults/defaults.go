@@ -1,0 +1,100 @@
+// Package defaults is the one home of nftredir's default numbers and
+// names: the proxy ports, the packet marks, the policy routing, the probe
+// source addresses, the capture-mode vocabulary and the pod-UID rule.
+// The daemon's flags, the ruleset builder, the routing, the node probe
+// table, the client fake, the test helpers and the bench all read them
+// from here, so changing one is a one-line change.
+//
+// The data-path values are those of Istio ambient's in-pod mode, so that
+// stock ztunnel (which hard-codes its listener ports and marks) runs on a
+// node where nftredird replaces istio-cni's node agent. The package
+// imports nothing of the project, so every package may use it.
+package defaults
+
+import "net/netip"
+
+// Proxy ports inside the pod's namespace: ztunnel's in-pod listeners.
+const (
+	// OutboundPort receives the pod's outgoing TCP (ztunnel's outbound
+	// listener).
+	OutboundPort uint16 = 15001
+	// InboundPort receives incoming plaintext TCP (ztunnel's inbound
+	// plaintext listener).
+	InboundPort uint16 = 15006
+	// HBONEPort receives incoming HBONE, the mTLS tunnel between proxies
+	// (ztunnel's inbound listener); it is tproxied, never NATed, because
+	// the proxy's own peers connect to it.
+	HBONEPort uint16 = 15008
+	// DNSPort receives the pod's DNS when DNS capture is on (ztunnel's
+	// DNS proxy).
+	DNSPort uint16 = 15053
+)
+
+// MetricsPort serves the daemon's /healthz, /readyz and /metrics. It is
+// istio-cni's monitoring port, the node agent whose place nftredird
+// takes, and none of ztunnel's (15000, 15001, 15006, 15008, 15020, 15021,
+// 15053), which runs beside it on a hostNetwork node.
+const MetricsPort uint16 = 15014
+
+// Socket is where nftredird serves its gRPC API and where callers dial
+// it. /run is tmpfs, so the socket never outlives a boot.
+const Socket = "/run/nftredir/nftredir.sock"
+
+// Marks, as Istio's in-pod rules use them. Both live under MarkMask, the
+// low 12 bits, so other users of the packet mark keep the rest.
+const (
+	// ProxyMark is what the proxy sets (SO_MARK) on its own sockets:
+	// their packets are never captured. ztunnel sets 0x539 (1337).
+	ProxyMark uint32 = 0x539
+	// TProxyMark is set on tproxied packets and restored on their
+	// replies; the fwmark rule sends packets carrying it to RouteTable.
+	TProxyMark uint32 = 0x111
+	// MarkMask is the mask of both marks.
+	MarkMask uint32 = 0xfff
+)
+
+// Policy routing that delivers packets carrying TProxyMark to local
+// sockets: `ip rule add fwmark 0x111/0xfff pref 32764 lookup 100` and
+// `ip route add local default dev lo table 100`, as Istio's in-pod
+// agent installs them.
+const (
+	// RouteTable holds the one local default route.
+	RouteTable = 100
+	// RulePriority places the fwmark rule just before the main table
+	// (32766), after anything the pod or its CNI put earlier.
+	RulePriority = 32764
+)
+
+// ProbeSourceV4 is the address kubelet probes are SNATed to on the node;
+// a pod's capture lets it through, so a probe reaches the app and not
+// the proxy. It is the link-local address Istio's node agent uses.
+func ProbeSourceV4() netip.Addr { return netip.AddrFrom4([4]byte{169, 254, 7, 127}) }
+
+// ProbeSourceV6 is the IPv6 probe source, Istio's
+// fd16:9254:7127:1337:ffff:ffff:ffff:ffff (a ULA whose digits echo
+// 169.254.7.127 and 1337).
+func ProbeSourceV6() netip.Addr {
+	return netip.AddrFrom16([16]byte{0xfd, 0x16, 0x92, 0x54, 0x71, 0x27, 0x13, 0x37, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+}
+
+// TProxyAddrV4 and TProxyAddrV6 are where TPROXY mode hands inbound TCP:
+// loopback, as Istio's in-pod rules tproxy to. Loopback reaches
+// listeners bound to loopback and to the wildcard address alike.
+func TProxyAddrV4() netip.Addr { return netip.AddrFrom4([4]byte{127, 0, 0, 1}) }
+
+// TProxyAddrV6 is the IPv6 TPROXY target, ::1.
+func TProxyAddrV6() netip.Addr { return netip.IPv6Loopback() }
+
+// Per-pod options a request may leave unset.
+const (
+	// Mode is the capture mode of a pod that does not choose one.
+	Mode = TProxy
+	// CaptureDNS is off: redirected to a proxy that does not serve DNS
+	// on DNSPort, the pod could resolve no name, so DNS capture is asked
+	// for (per pod, or by the daemon's --dns-capture).
+	CaptureDNS = false
+	// IPv6 capture is on: an uncaptured family would be a bypass.
+	IPv6 = true
+	// InboundCapture is on; off is the "outbound only" mode.
+	InboundCapture = true
+)
