@@ -3,7 +3,8 @@
 // store, puts each pod's capture in place through a capture.Engine under
 // the pod's lock (add, move, rollback, remove), reconciles records with
 // the namespaces, and tells the node proxy, the node probe table and
-// watchers what changed. It knows nothing of gRPC: its errors carry a
+// watchers what changed. It takes and returns the API's messages but knows
+// nothing of gRPC: its errors carry a
 // Kind, which the server maps to codes.
 package lifecycle
 

@@ -89,7 +89,7 @@ func (m *Manager) released(ctx context.Context, log hclog.Logger, uid string) {
 
 // handToProxy gives the pod to the node proxy after AddPod committed it.
 // Without ZDSRequireAck it returns at once. With it, it waits for the
-// proxy's ack and reports a failure as Unavailable: the pod stays
+// proxy's ack and reports a failure as KindUnavailable: the pod stays
 // enrolled, and a repeated AddPod waits again.
 func (m *Manager) handToProxy(ctx context.Context, log hclog.Logger, prev, rec *state.Record) error {
 	if m.zds == nil {
