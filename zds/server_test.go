@@ -605,3 +605,155 @@ func TestNackedDelIsBounded(t *testing.T) {
 	p.Ack("")
 	f.waitState(b.UID, "acked")
 }
+
+// TestRecreatedNamespaceIsNeverSent: a sandbox recreated under the same
+// path gets another namespace, sometimes with the freed one's inode (the
+// kernel reuses inode numbers; only the cookie differs). Neither is sent
+// for the enrolled pod, nor retried, until the pod is enrolled again.
+func TestRecreatedNamespaceIsNeverSent(t *testing.T) {
+	f := newFixture(t, nil)
+	a, b := f.newPod("pod-a"), f.newPod("pod-b")
+	f.fake.ReplaceNamespace(a.NetnsPath)
+	f.fake.ReplaceReusingInode(b.NetnsPath)
+
+	p := zdstest.Dial(t, f.path)
+	p.Hello()
+	p.Expect(zdstest.Keep, a.UID)
+	p.Ack("")
+	p.Expect(zdstest.Keep, b.UID)
+	p.Ack("")
+	p.Expect(zdstest.SnapshotSent, "")
+	p.Ack("")
+	f.waitState(a.UID, "netns unavailable")
+	f.waitState(b.UID, "netns unavailable")
+
+	f.srv.PodAdded(a)
+	f.srv.PodAdded(b)
+	waitFor(t, "both adds to fail", func() bool { return f.srv.Stats().OpenFailures == 4 })
+	p.ExpectQuiet(200 * time.Millisecond)
+	if st := f.srv.Stats(); st.OpenFailures != 4 || st.Retries != 0 {
+		t.Errorf("stats %+v, want 4 open failures and no retries", st)
+	}
+	for _, pod := range []zds.Pod{a, b} {
+		if st := f.srv.State(pod.UID); !strings.Contains(st, "another namespace") {
+			t.Errorf("State(%s) = %q, want it to say the path leads to another namespace", pod.UID, st)
+		}
+	}
+
+	// Enrolled again with the namespace now there, each is sent.
+	for _, pod := range []zds.Pod{a, b} {
+		pod.NetnsID = f.netnsID(pod.NetnsPath)
+		f.src.put(pod)
+		f.srv.PodAdded(pod)
+		f.checkAdd(p.Expect(zdstest.Add, pod.UID), pod)
+		p.Ack("")
+		f.waitState(pod.UID, "acked")
+	}
+}
+
+// TestOpenFailures: a namespace that is gone, is not one, is the node's
+// own or may not be opened is given up on at once; one that did not
+// answer in time is retried with backoff until it can be sent.
+func TestOpenFailures(t *testing.T) {
+	f := newFixture(t, nil)
+	p := zdstest.Dial(t, f.path)
+	p.Handshake()
+
+	for _, tc := range []struct {
+		name string
+		do   func(path string)
+		want error
+	}{
+		{"deleted", f.fake.DeleteNamespace, netns.ErrNotExist},
+		{"not a namespace", f.fake.AddFile, netns.ErrNotNetns},
+		{"the node's", f.fake.AddHost, netns.ErrHostNetns},
+		{"no access", func(path string) { f.fake.SetOpenError(path, fmt.Errorf("open %s: %w", path, netns.ErrNoAccess)) }, netns.ErrNoAccess},
+	} {
+		pod := f.newPod("pod-" + strings.ReplaceAll(tc.name, " ", "-"))
+		tc.do(pod.NetnsPath)
+		before := f.srv.Stats()
+		if err := f.srv.PodAddedWait(context.Background(), pod); !errors.Is(err, tc.want) {
+			t.Errorf("%s: PodAddedWait = %v, want %v", tc.name, err, tc.want)
+		}
+		// Several backoffs: a retry would show as another failure.
+		time.Sleep(200 * time.Millisecond)
+		if st := f.srv.Stats(); st.OpenFailures != before.OpenFailures+1 || st.Retries != before.Retries {
+			t.Errorf("%s: stats %+v after %+v, want one more open failure and no retry", tc.name, st, before)
+		}
+		if st := f.srv.State(pod.UID); !strings.HasPrefix(st, "netns unavailable") {
+			t.Errorf("%s: State = %q, want netns unavailable", tc.name, st)
+		}
+	}
+	p.ExpectQuiet(100 * time.Millisecond)
+
+	// A namespace that times out at the snapshot is kept, then sent once
+	// it answers; one that times out later is sent the same way.
+	late := f.newPod("pod-late")
+	slow := f.newPod("pod-slow")
+	timeout := func(path string) error { return fmt.Errorf("open %s: %w", path, netns.ErrTimeout) }
+	f.fake.SetOpenError(slow.NetnsPath, timeout(slow.NetnsPath))
+	f.src.del(late.UID)
+	for _, uid := range []string{"pod-deleted", "pod-not-a-namespace", "pod-the-node's", "pod-no-access"} {
+		f.src.del(uid)
+	}
+	p2 := zdstest.Dial(t, f.path)
+	p2.Hello()
+	p2.Expect(zdstest.Keep, slow.UID)
+	p2.Ack("")
+	p2.Expect(zdstest.SnapshotSent, "")
+	p2.Ack("")
+	f.waitConnected(2)
+	f.src.put(late)
+	f.fake.SetOpenError(late.NetnsPath, timeout(late.NetnsPath))
+	if err := f.srv.PodAddedWait(context.Background(), late); !errors.Is(err, netns.ErrTimeout) {
+		t.Errorf("PodAddedWait = %v, want the timeout", err)
+	}
+	waitFor(t, "retries of both pods", func() bool { return f.srv.Stats().Retries >= 4 })
+	for _, pod := range []zds.Pod{slow, late} {
+		if st := f.srv.State(pod.UID); !strings.HasPrefix(st, "netns unavailable") {
+			t.Errorf("State(%s) = %q while it times out, want netns unavailable", pod.UID, st)
+		}
+		f.fake.SetOpenError(pod.NetnsPath, nil)
+		f.checkAdd(p2.Expect(zdstest.Add, pod.UID), pod)
+		p2.Ack("")
+		f.waitState(pod.UID, "acked")
+	}
+	if n := f.fake.OpenNamespaces(); n != 0 {
+		t.Errorf("%d namespaces left open, want 0", n)
+	}
+}
+
+// TestUnlistedCallerIsRefused is TestCallerNotAllowedGetsNothing for a
+// tester without root, whose own uid is then a caller the allowlist
+// refuses; root is always allowed, so as root only that test can check.
+func TestUnlistedCallerIsRefused(t *testing.T) {
+	if os.Geteuid() == 0 {
+		t.Skip("root is always allowed: TestCallerNotAllowedGetsNothing refuses a child of another uid")
+	}
+	for _, tc := range []struct {
+		name  string
+		allow peercred.Allowlist
+		ok    bool
+	}{
+		{"root only", peercred.Allowlist{}, false},
+		{"another uid", peercred.Allowlist{UIDs: []uint32{uint32(os.Geteuid()) + 1}}, false},
+		{"the tester's gid", peercred.Allowlist{GIDs: []uint32{uint32(os.Getegid())}}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, func(c *zds.Config) { c.Allow = tc.allow })
+			a := f.newPod("pod-a")
+			p := zdstest.Dial(t, f.path)
+			if !tc.ok {
+				p.ExpectClosed(2 * time.Second)
+				if st := f.srv.Stats(); st.Refused != 1 || st.Accepted != 0 {
+					t.Errorf("stats %+v, want 1 refused and none accepted", st)
+				}
+				return
+			}
+			if snap := p.Handshake(); len(snap) != 1 {
+				t.Fatalf("snapshot %v, want pod-a", snap)
+			}
+			f.waitState(a.UID, "acked")
+		})
+	}
+}
