@@ -116,7 +116,7 @@ func TestCallerNotAllowedGetsNothing(t *testing.T) {
 	}
 	b := f.newPod("pod-b")
 	f.srv.PodAdded(b)
-	checkAdd(t, proxy.Expect(zdstest.Add, b.UID), b)
+	f.checkAdd(proxy.Expect(zdstest.Add, b.UID), b)
 	proxy.Ack("")
 	if st := f.srv.Stats(); st.Refused != 2 || st.Connected != 1 {
 		t.Errorf("stats %+v; want 2 refused, 1 connected", st)

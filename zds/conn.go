@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/nftredir/nftredir/capture"
 	"github.com/nftredir/nftredir/netns"
 	zdspb "github.com/nftredir/nftredir/proto/istio/workload/zds"
 )
@@ -345,16 +346,16 @@ func (c *conn) sendSnapshot() error {
 	return nil
 }
 
-// roundTrip sends one request, with the namespace of h attached when h
-// is not nil, and waits for its ack. h is closed as soon as the packet is
+// roundTrip sends one request, with the namespace ns attached when it is
+// not nil, and waits for its ack. ns is closed as soon as the packet is
 // written: the proxy holds its own copy from then on. Any error but
 // errUnsendable ends the connection: after a failed write or a missed ack
 // nothing later can be matched to its request.
-func (c *conn) roundTrip(req *zdspb.WorkloadRequest, h *netns.Handle) (string, error) {
+func (c *conn) roundTrip(req *zdspb.WorkloadRequest, ns capture.Namespace) (string, error) {
 	fd := -1
-	if h != nil {
-		defer h.Close()
-		fd = h.Fd()
+	if ns != nil {
+		defer ns.Close()
+		fd = ns.Fd()
 	}
 	data, err := encode(req)
 	if err != nil {
@@ -362,7 +363,9 @@ func (c *conn) roundTrip(req *zdspb.WorkloadRequest, h *netns.Handle) (string, e
 	}
 	timeout := c.s.cfg.AckTimeout
 	err = writePacket(c.uc, data, fd, timeout)
-	h.Close()
+	if ns != nil {
+		ns.Close()
+	}
 	if err != nil {
 		return "", err
 	}
@@ -386,17 +389,17 @@ func (c *conn) roundTrip(req *zdspb.WorkloadRequest, h *netns.Handle) (string, e
 var errIDMismatch = errors.New("path leads to another namespace than the one enrolled")
 
 // openPod opens the pod's namespace and checks it is the enrolled one.
-func (c *conn) openPod(p Pod) (*netns.Handle, error) {
-	h, err := c.s.cfg.Opener.Open(p.NetnsPath)
+func (c *conn) openPod(p Pod) (capture.Namespace, error) {
+	ns, err := c.s.cfg.Opener.Open(p.NetnsPath)
 	if err != nil {
 		return nil, err
 	}
-	if !p.NetnsID.IsZero() && !sameNamespace(h.ID(), p.NetnsID) {
-		id := h.ID()
-		h.Close()
+	if !p.NetnsID.IsZero() && !sameNamespace(ns.ID(), p.NetnsID) {
+		id := ns.ID()
+		ns.Close()
 		return nil, fmt.Errorf("%s is %s, enrolled as %s: %w", p.NetnsPath, id, p.NetnsID, errIDMismatch)
 	}
-	return h, nil
+	return ns, nil
 }
 
 // sameNamespace compares dev:ino and, when both sides know it, the
@@ -416,9 +419,9 @@ func (c *conn) namespaceGone(uid string) bool {
 	if !ok || p.NetnsPath == "" {
 		return false
 	}
-	h, err := c.openPod(p)
+	ns, err := c.openPod(p)
 	if err == nil {
-		h.Close()
+		ns.Close()
 		return false
 	}
 	return errors.Is(err, netns.ErrNotExist) || errors.Is(err, netns.ErrNotNetns) || errors.Is(err, errIDMismatch)
@@ -443,7 +446,7 @@ func (c *conn) process(o *op, snapshot bool) error {
 	}
 	var (
 		req     *zdspb.WorkloadRequest
-		h       *netns.Handle
+		ns      capture.Namespace
 		openErr error
 	)
 	switch o.kind {
@@ -451,7 +454,7 @@ func (c *conn) process(o *op, snapshot bool) error {
 		req = delRequest(uid)
 	case opAdd:
 		var err error
-		if h, err = c.openPod(o.pod); err != nil {
+		if ns, err = c.openPod(o.pod); err != nil {
 			c.s.stats.openFailures.Add(1)
 			openErr = err
 			if !snapshot {
@@ -470,7 +473,7 @@ func (c *conn) process(o *op, snapshot bool) error {
 		c.sent[uid] = o.pod
 		c.mu.Unlock()
 	}
-	nack, err := c.roundTrip(req, h)
+	nack, err := c.roundTrip(req, ns)
 	if errors.Is(err, errUnsendable) {
 		c.settle(o, log, "", err)
 		return nil

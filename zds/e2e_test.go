@@ -135,7 +135,7 @@ func ask(t *testing.T, ns *nstest.Netns, to netip.AddrPort) string {
 // namespace over ZDS only, opens its listeners in it through the received
 // fd, and real TCP into and out of the captured pod lands on them.
 func TestStandInProxyEndToEnd(t *testing.T) {
-	f := newFixture(t, nil)
+	f := newKernelFixture(t, nil)
 	pair := nstest.NewPair(t)
 	pod, client := pair.Pod, pair.Peer
 	const uid = "0b6f3c1e-pod"

@@ -23,6 +23,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/nftredir/nftredir/capture"
 	"github.com/nftredir/nftredir/internal/peercred"
 	"github.com/nftredir/nftredir/netns"
 )
@@ -96,16 +97,22 @@ type PodSourceFunc func() ([]Pod, error)
 // Pods calls f.
 func (f PodSourceFunc) Pods() ([]Pod, error) { return f() }
 
-// Opener opens a pod's namespace path safely; *netns.Guard is one.
+// Opener opens a pod's namespace path safely. A capture.Engine is one:
+// the daemon passes the engine its lifecycle programs namespaces with, so
+// the proxy is handed only namespaces that engine vetted, and tests run
+// the protocol on capturetest.Fake. Errors wrap the netns sentinels,
+// which tell a namespace that is gone from one that may come back.
 type Opener interface {
-	Open(path string) (*netns.Handle, error)
+	Open(path string) (capture.Namespace, error)
 }
+
+var _ Opener = capture.Engine(nil)
 
 // Config configures a Server. Zero durations take the defaults.
 type Config struct {
 	// Pods is the enrolled set. Required.
 	Pods PodSource
-	// Opener opens namespaces. Required; the daemon's netns.Guard.
+	// Opener opens namespaces. Required; the daemon's capture engine.
 	Opener Opener
 	// Logger; the daemon passes root.Named("zds").
 	Logger hclog.Logger

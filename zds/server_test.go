@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -18,9 +17,13 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
+	"github.com/nftredir/nftredir/capture"
+	"github.com/nftredir/nftredir/capture/capturetest"
 	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/peercred"
 	"github.com/nftredir/nftredir/internal/zdstest"
 	"github.com/nftredir/nftredir/netns"
+	"github.com/nftredir/nftredir/nft"
 	"github.com/nftredir/nftredir/zds"
 )
 
@@ -67,31 +70,55 @@ type fixture struct {
 	srv  *zds.Server
 	src  *source
 	path string
+	// engine opens the namespaces; fake is the same engine when it is a
+	// capturetest.Fake, nil when it is the kernel's.
+	engine capture.Engine
+	fake   *capturetest.Fake
 }
 
-// newFixture starts a server on a socket in a fresh directory, with short
-// timings so failures show quickly.
+// newFixture starts a server over a capturetest.Fake, on a socket in a
+// fresh directory, with short timings so failures show quickly. It needs
+// no root: the protocol is the subject, and the fds the Fake hands out
+// travel over the socket as a namespace's do.
 func newFixture(t *testing.T, mut func(*zds.Config)) *fixture {
+	t.Helper()
+	fake := capturetest.NewFake()
+	return startFixture(t, fake, fake, mut)
+}
+
+// newKernelFixture is newFixture over the kernel engine and real
+// namespaces, for tests of what a proxy does with the fd it receives.
+func newKernelFixture(t *testing.T, mut func(*zds.Config)) *fixture {
 	t.Helper()
 	nstest.RequirePrivileged(t)
 	guard, err := netns.NewGuard()
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{t: t, src: &source{pods: map[string]zds.Pod{}}}
+	return startFixture(t, capture.NewKernel(guard, nft.NewNetlink()), nil, mut)
+}
+
+func startFixture(t *testing.T, engine capture.Engine, fake *capturetest.Fake, mut func(*zds.Config)) *fixture {
+	t.Helper()
+	f := &fixture{t: t, src: &source{pods: map[string]zds.Pod{}}, engine: engine, fake: fake}
 	cfg := zds.Config{
 		Pods:              f.src,
-		Opener:            guard,
+		Opener:            engine,
 		Logger:            hclog.New(&hclog.LoggerOptions{Name: "zds", Level: hclog.Debug, Output: t.Output()}),
 		AckTimeout:        3 * time.Second,
 		KeepaliveInterval: time.Second,
 		RetryBackoff:      20 * time.Millisecond,
 		MaxRetryBackoff:   100 * time.Millisecond,
 		AcceptInterval:    time.Millisecond,
+		// Root's group and root alone when run as root, as the daemon's
+		// defaults; otherwise the tester, so the fixture runs without root.
+		SocketGroup: os.Getegid(),
+		Allow:       peercred.Allowlist{UIDs: []uint32{uint32(os.Geteuid())}},
 	}
 	if mut != nil {
 		mut(&cfg)
 	}
+	var err error
 	f.srv, err = zds.NewServer(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -117,14 +144,18 @@ func newFixture(t *testing.T, mut func(*zds.Config)) *fixture {
 	return f
 }
 
-// newPod makes a namespace for a pod and enrols it in the source.
+// newPod makes a namespace for a pod and enrols it in the source, with
+// the identity the daemon records at enrolment.
 func (f *fixture) newPod(uid string) zds.Pod {
 	f.t.Helper()
-	ns := nstest.NewNetns(f.t)
-	p := zds.Pod{
-		UID: uid, Name: "app-" + uid, Namespace: "shop", ServiceAccount: "sa-" + uid,
-		NetnsPath: ns.Path, NetnsID: netnsID(f.t, ns.Path),
+	p := zds.Pod{UID: uid, Name: "app-" + uid, Namespace: "shop", ServiceAccount: "sa-" + uid}
+	if f.fake != nil {
+		p.NetnsPath = "/run/netns/zds-" + uid
+		f.fake.AddNamespace(p.NetnsPath)
+	} else {
+		p.NetnsPath = nstest.NewNetns(f.t).Path
 	}
+	p.NetnsID = f.netnsID(p.NetnsPath)
 	f.src.put(p)
 	return p
 }
@@ -154,27 +185,35 @@ func (f *fixture) waitConnected(n int) {
 	waitFor(f.t, fmt.Sprintf("%d connected proxies", n), func() bool { return f.srv.Stats().Connected == n })
 }
 
-// netnsID is the identity the daemon records at enrolment.
-func netnsID(t *testing.T, path string) netns.ID {
-	t.Helper()
-	g, err := netns.NewGuard()
+// netnsID is the identity the engine gives the namespace at path now.
+func (f *fixture) netnsID(path string) netns.ID {
+	f.t.Helper()
+	ns, err := f.engine.Open(path)
 	if err != nil {
-		t.Fatal(err)
+		f.t.Fatal(err)
 	}
-	h, err := g.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	return h.ID()
+	defer ns.Close()
+	return ns.ID()
 }
 
 // checkAdd checks that an add carries the pod's namespace and workload
-// info.
-func checkAdd(t *testing.T, r zdstest.Request, p zds.Pod) {
+// info. Over the kernel the fd must be a network namespace; a Fake's is a
+// stand-in file, whose device and inode are the namespace's all the same.
+func (f *fixture) checkAdd(r zdstest.Request, p zds.Pod) {
+	t := f.t
 	t.Helper()
-	dev, ino := zdstest.NetnsOf(t, r.Fds[0])
-	if got := (netns.ID{Dev: dev, Ino: ino}); !got.SameFile(p.NetnsID) {
+	var got netns.ID
+	if f.fake != nil {
+		id, err := capturetest.FileID(r.Fds[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = id
+	} else {
+		dev, ino := zdstest.NetnsOf(t, r.Fds[0])
+		got = netns.ID{Dev: dev, Ino: ino}
+	}
+	if !got.SameFile(p.NetnsID) {
 		t.Errorf("add %s carries namespace %s, want the pod's %s", p.UID, got, p.NetnsID)
 	}
 	if r.Name != p.Name || r.Namespace != p.Namespace || r.ServiceAccount != p.ServiceAccount {
@@ -211,9 +250,9 @@ func TestSnapshotThenAddAndDel(t *testing.T) {
 	p := zdstest.Dial(t, f.path)
 	p.Hello()
 	// The snapshot goes out in uid order, one ack each.
-	checkAdd(t, p.Expect(zdstest.Add, a.UID), a)
+	f.checkAdd(p.Expect(zdstest.Add, a.UID), a)
 	p.Ack("")
-	checkAdd(t, p.Expect(zdstest.Add, b.UID), b)
+	f.checkAdd(p.Expect(zdstest.Add, b.UID), b)
 	p.Ack("")
 	// A namespace that cannot be opened is kept, not dropped.
 	p.Expect(zdstest.Keep, gone.UID)
@@ -226,7 +265,7 @@ func TestSnapshotThenAddAndDel(t *testing.T) {
 
 	d := f.newPod("pod-d")
 	f.srv.PodAdded(d)
-	checkAdd(t, p.Expect(zdstest.Add, d.UID), d)
+	f.checkAdd(p.Expect(zdstest.Add, d.UID), d)
 	p.Ack("")
 	f.waitState(d.UID, "acked")
 
@@ -237,10 +276,14 @@ func TestSnapshotThenAddAndDel(t *testing.T) {
 	waitFor(t, "the del ack", func() bool { return f.srv.Stats().Acks == 6 })
 
 	// The server kept no namespace open: only the peer holds copies, and
-	// the cleanup of p.Expect closes them at the end.
+	// the cleanup of p.Expect closes them at the end. The Fake holds one
+	// more, its stand-in for the namespace itself.
+	if n := f.fake.OpenNamespaces(); n != 0 {
+		t.Errorf("%d namespaces the server opened are still open, want 0", n)
+	}
 	for _, pod := range []zds.Pod{a, b, d} {
-		if n := netnsFds(t, pod.NetnsID); n != 1 {
-			t.Errorf("%d fds open on %s's namespace, want 1 (the peer's)", n, pod.UID)
+		if n := netnsFds(t, pod.NetnsID); n != 2 {
+			t.Errorf("%d fds open on %s's namespace, want 2 (the Fake's and the peer's)", n, pod.UID)
 		}
 	}
 }
@@ -257,7 +300,7 @@ func TestNackIsRetried(t *testing.T) {
 	p.Ack("failure to start proxy")
 	f.waitState(a.UID, "nacked: failure to start proxy")
 	// The retry carries the namespace again.
-	checkAdd(t, p.Expect(zdstest.Add, a.UID), a)
+	f.checkAdd(p.Expect(zdstest.Add, a.UID), a)
 	p.Ack("")
 	f.waitState(a.UID, "acked")
 
@@ -380,7 +423,7 @@ func TestTwoProxiesAddToNewestDelToAll(t *testing.T) {
 
 	a := f.newPod("pod-a")
 	f.srv.PodAdded(a)
-	checkAdd(t, newer.Expect(zdstest.Add, a.UID), a)
+	f.checkAdd(newer.Expect(zdstest.Add, a.UID), a)
 	newer.Ack("")
 	f.waitState(a.UID, "acked")
 
@@ -439,7 +482,7 @@ func TestMovedNamespaceIsNeverSent(t *testing.T) {
 	p.Hello()
 	p.Expect(zdstest.Keep, a.UID)
 	p.Ack("")
-	checkAdd(t, p.Expect(zdstest.Add, other.UID), other)
+	f.checkAdd(p.Expect(zdstest.Add, other.UID), other)
 	p.Ack("")
 	p.Expect(zdstest.SnapshotSent, "")
 	p.Ack("")
@@ -528,18 +571,32 @@ func TestNackedDelIsBounded(t *testing.T) {
 		t.Errorf("no log line says the delete was given up:\n%s", logs)
 	}
 
-	// The namespace dies with the pod (its bind mount goes; the empty
-	// file left is removed by the namespace's cleanup): one NACK ends it.
-	f.src.del(gone.UID)
-	if out, err := exec.Command("umount", "-l", gone.NetnsPath).CombinedOutput(); err != nil {
-		t.Fatalf("umount %s: %v: %s", gone.NetnsPath, err, out)
-	}
-	f.srv.PodRemoved(gone.UID)
-	p.Expect(zdstest.Del, gone.UID)
-	p.Ack("unknown workload")
-	p.ExpectQuiet(500 * time.Millisecond)
-	if !strings.Contains(logs.String(), "the pod's namespace is gone") {
-		t.Errorf("no log line says the namespace is gone:\n%s", logs)
+	// The namespace dies with the pod: its bind mount goes, leaving the
+	// empty file (or not even that), or a new sandbox's namespace takes
+	// the path. Any of them, and one NACK ends it.
+	for i, end := range []struct {
+		name string
+		do   func(path string)
+	}{
+		{"unmounted", f.fake.AddFile},
+		{"deleted", f.fake.DeleteNamespace},
+		{"replaced", func(path string) { f.fake.ReplaceNamespace(path) }},
+	} {
+		f.src.del(gone.UID)
+		end.do(gone.NetnsPath)
+		f.srv.PodRemoved(gone.UID)
+		p.Expect(zdstest.Del, gone.UID)
+		p.Ack("unknown workload")
+		p.ExpectQuiet(500 * time.Millisecond)
+		if n := strings.Count(logs.String(), "the pod's namespace is gone"); n != i+1 {
+			t.Errorf("%s: %d log lines say the namespace is gone, want %d:\n%s", end.name, n, i+1, logs)
+		}
+		// The next round's pod, under the same uid.
+		gone = f.newPod(gone.UID)
+		f.srv.PodAdded(gone)
+		p.Expect(zdstest.Add, gone.UID)
+		p.Ack("")
+		f.waitState(gone.UID, "acked")
 	}
 	// The connection still works.
 	b := f.newPod("pod-b")
@@ -547,4 +604,156 @@ func TestNackedDelIsBounded(t *testing.T) {
 	p.Expect(zdstest.Add, b.UID)
 	p.Ack("")
 	f.waitState(b.UID, "acked")
+}
+
+// TestRecreatedNamespaceIsNeverSent: a sandbox recreated under the same
+// path gets another namespace, sometimes with the freed one's inode (the
+// kernel reuses inode numbers; only the cookie differs). Neither is sent
+// for the enrolled pod, nor retried, until the pod is enrolled again.
+func TestRecreatedNamespaceIsNeverSent(t *testing.T) {
+	f := newFixture(t, nil)
+	a, b := f.newPod("pod-a"), f.newPod("pod-b")
+	f.fake.ReplaceNamespace(a.NetnsPath)
+	f.fake.ReplaceReusingInode(b.NetnsPath)
+
+	p := zdstest.Dial(t, f.path)
+	p.Hello()
+	p.Expect(zdstest.Keep, a.UID)
+	p.Ack("")
+	p.Expect(zdstest.Keep, b.UID)
+	p.Ack("")
+	p.Expect(zdstest.SnapshotSent, "")
+	p.Ack("")
+	f.waitState(a.UID, "netns unavailable")
+	f.waitState(b.UID, "netns unavailable")
+
+	f.srv.PodAdded(a)
+	f.srv.PodAdded(b)
+	waitFor(t, "both adds to fail", func() bool { return f.srv.Stats().OpenFailures == 4 })
+	p.ExpectQuiet(200 * time.Millisecond)
+	if st := f.srv.Stats(); st.OpenFailures != 4 || st.Retries != 0 {
+		t.Errorf("stats %+v, want 4 open failures and no retries", st)
+	}
+	for _, pod := range []zds.Pod{a, b} {
+		if st := f.srv.State(pod.UID); !strings.Contains(st, "another namespace") {
+			t.Errorf("State(%s) = %q, want it to say the path leads to another namespace", pod.UID, st)
+		}
+	}
+
+	// Enrolled again with the namespace now there, each is sent.
+	for _, pod := range []zds.Pod{a, b} {
+		pod.NetnsID = f.netnsID(pod.NetnsPath)
+		f.src.put(pod)
+		f.srv.PodAdded(pod)
+		f.checkAdd(p.Expect(zdstest.Add, pod.UID), pod)
+		p.Ack("")
+		f.waitState(pod.UID, "acked")
+	}
+}
+
+// TestOpenFailures: a namespace that is gone, is not one, is the node's
+// own or may not be opened is given up on at once; one that did not
+// answer in time is retried with backoff until it can be sent.
+func TestOpenFailures(t *testing.T) {
+	f := newFixture(t, nil)
+	p := zdstest.Dial(t, f.path)
+	p.Handshake()
+
+	for _, tc := range []struct {
+		name string
+		do   func(path string)
+		want error
+	}{
+		{"deleted", f.fake.DeleteNamespace, netns.ErrNotExist},
+		{"not a namespace", f.fake.AddFile, netns.ErrNotNetns},
+		{"the node's", f.fake.AddHost, netns.ErrHostNetns},
+		{"no access", func(path string) { f.fake.SetOpenError(path, fmt.Errorf("open %s: %w", path, netns.ErrNoAccess)) }, netns.ErrNoAccess},
+	} {
+		pod := f.newPod("pod-" + strings.ReplaceAll(tc.name, " ", "-"))
+		tc.do(pod.NetnsPath)
+		before := f.srv.Stats()
+		if err := f.srv.PodAddedWait(context.Background(), pod); !errors.Is(err, tc.want) {
+			t.Errorf("%s: PodAddedWait = %v, want %v", tc.name, err, tc.want)
+		}
+		// Several backoffs: a retry would show as another failure.
+		time.Sleep(200 * time.Millisecond)
+		if st := f.srv.Stats(); st.OpenFailures != before.OpenFailures+1 || st.Retries != before.Retries {
+			t.Errorf("%s: stats %+v after %+v, want one more open failure and no retry", tc.name, st, before)
+		}
+		if st := f.srv.State(pod.UID); !strings.HasPrefix(st, "netns unavailable") {
+			t.Errorf("%s: State = %q, want netns unavailable", tc.name, st)
+		}
+	}
+	p.ExpectQuiet(100 * time.Millisecond)
+
+	// A namespace that times out at the snapshot is kept, then sent once
+	// it answers; one that times out later is sent the same way.
+	late := f.newPod("pod-late")
+	slow := f.newPod("pod-slow")
+	timeout := func(path string) error { return fmt.Errorf("open %s: %w", path, netns.ErrTimeout) }
+	f.fake.SetOpenError(slow.NetnsPath, timeout(slow.NetnsPath))
+	f.src.del(late.UID)
+	for _, uid := range []string{"pod-deleted", "pod-not-a-namespace", "pod-the-node's", "pod-no-access"} {
+		f.src.del(uid)
+	}
+	p2 := zdstest.Dial(t, f.path)
+	p2.Hello()
+	p2.Expect(zdstest.Keep, slow.UID)
+	p2.Ack("")
+	p2.Expect(zdstest.SnapshotSent, "")
+	p2.Ack("")
+	f.waitConnected(2)
+	f.src.put(late)
+	f.fake.SetOpenError(late.NetnsPath, timeout(late.NetnsPath))
+	if err := f.srv.PodAddedWait(context.Background(), late); !errors.Is(err, netns.ErrTimeout) {
+		t.Errorf("PodAddedWait = %v, want the timeout", err)
+	}
+	waitFor(t, "retries of both pods", func() bool { return f.srv.Stats().Retries >= 4 })
+	for _, pod := range []zds.Pod{slow, late} {
+		if st := f.srv.State(pod.UID); !strings.HasPrefix(st, "netns unavailable") {
+			t.Errorf("State(%s) = %q while it times out, want netns unavailable", pod.UID, st)
+		}
+		f.fake.SetOpenError(pod.NetnsPath, nil)
+		f.checkAdd(p2.Expect(zdstest.Add, pod.UID), pod)
+		p2.Ack("")
+		f.waitState(pod.UID, "acked")
+	}
+	if n := f.fake.OpenNamespaces(); n != 0 {
+		t.Errorf("%d namespaces left open, want 0", n)
+	}
+}
+
+// TestUnlistedCallerIsRefused is TestCallerNotAllowedGetsNothing for a
+// tester without root, whose own uid is then a caller the allowlist
+// refuses; root is always allowed, so as root only that test can check.
+func TestUnlistedCallerIsRefused(t *testing.T) {
+	if os.Geteuid() == 0 {
+		t.Skip("root is always allowed: TestCallerNotAllowedGetsNothing refuses a child of another uid")
+	}
+	for _, tc := range []struct {
+		name  string
+		allow peercred.Allowlist
+		ok    bool
+	}{
+		{"root only", peercred.Allowlist{}, false},
+		{"another uid", peercred.Allowlist{UIDs: []uint32{uint32(os.Geteuid()) + 1}}, false},
+		{"the tester's gid", peercred.Allowlist{GIDs: []uint32{uint32(os.Getegid())}}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, func(c *zds.Config) { c.Allow = tc.allow })
+			a := f.newPod("pod-a")
+			p := zdstest.Dial(t, f.path)
+			if !tc.ok {
+				p.ExpectClosed(2 * time.Second)
+				if st := f.srv.Stats(); st.Refused != 1 || st.Accepted != 0 {
+					t.Errorf("stats %+v, want 1 refused and none accepted", st)
+				}
+				return
+			}
+			if snap := p.Handshake(); len(snap) != 1 {
+				t.Fatalf("snapshot %v, want pod-a", snap)
+			}
+			f.waitState(a.UID, "acked")
+		})
+	}
 }

@@ -7,17 +7,13 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/nftredir/nftredir/netns"
+	"github.com/nftredir/nftredir/capture/capturetest"
 	"github.com/nftredir/nftredir/zds"
 )
 
 func newServer(t *testing.T) *zds.Server {
 	t.Helper()
-	guard, err := netns.NewGuard()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := zds.NewServer(zds.Config{Pods: &source{}, Opener: guard})
+	s, err := zds.NewServer(zds.Config{Pods: &source{}, Opener: capturetest.NewFake(), SocketGroup: os.Getegid()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -212,7 +212,7 @@ func serve(opts *options, root hclog.Logger) error {
 	pcfg.Engine = capture.NewKernel(guard, applier)
 	var zs *zdsServing
 	if opts.zdsSocket != "" {
-		if zs, err = newZDS(opts, guard, store, root); err != nil {
+		if zs, err = newZDS(opts, pcfg.Engine, store, root); err != nil {
 			return err
 		}
 		pcfg.ZDS, pcfg.ZDSRequireAck = zs.srv, opts.zdsRequireAck
@@ -342,10 +342,12 @@ type zdsServing struct {
 	done chan error
 }
 
-func newZDS(opts *options, guard *netns.Guard, store *state.Store, root hclog.Logger) (*zdsServing, error) {
+// newZDS opens namespaces through engine, the one the lifecycle uses, so
+// the proxy is only ever handed what that engine vetted.
+func newZDS(opts *options, engine capture.Engine, store *state.Store, root hclog.Logger) (*zdsServing, error) {
 	srv, err := zds.NewServer(zds.Config{
 		Pods:        zds.StorePods{Store: store},
-		Opener:      guard,
+		Opener:      engine,
 		Logger:      root.Named("zds"),
 		Allow:       peercred.NewAllowlist(opts.zdsAllowUIDs, opts.zdsAllowGIDs),
 		SocketGroup: opts.zdsSocketGroup,
