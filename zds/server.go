@@ -90,13 +90,6 @@ type PodSource interface {
 	Pods() ([]Pod, error)
 }
 
-// PodSourceFunc adapts a function to PodSource, so the source can be a
-// method of something created after the Server.
-type PodSourceFunc func() ([]Pod, error)
-
-// Pods calls f.
-func (f PodSourceFunc) Pods() ([]Pod, error) { return f() }
-
 // Opener opens a pod's namespace path safely. A capture.Engine is one:
 // the daemon passes the engine its lifecycle programs namespaces with, so
 // the proxy is handed only namespaces that engine vetted, and tests run
