@@ -14,10 +14,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/protobuf/proto"
 
-	"github.com/nftredir/nftredir/client"
-	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+	"github.com/nftredir/nftredir/cmd/nftredir-cni/internal/rpc"
 )
 
 // Defaults of the plugin's own settings. Capture options have none here:
@@ -56,7 +54,7 @@ type Conf struct {
 
 	// Options is what AddPod asks for; nil fields are left to the daemon.
 	// Only parsed for ADD (see ParseConf).
-	Options *nftredirv1.RedirectOptions
+	Options *rpc.Options
 
 	// ValidAttachments is the union of both GC keys.
 	ValidAttachments []types.GCAttachment
@@ -130,13 +128,13 @@ func ParseConf(data []byte, withOptions bool) (*Conf, []string, error) {
 	slices.Sort(unknown)
 
 	var errs []string
-	c.Socket = client.DefaultSocket
+	c.Socket = rpc.DefaultSocket
 	if raw.Socket != nil {
 		c.Socket = *raw.Socket
 		// The plugin runs with whatever working directory the runtime
 		// has; a relative path would name a different socket per runtime.
 		if !filepath.IsAbs(c.Socket) {
-			errs = append(errs, fmt.Sprintf("socket %q must be an absolute path (default %s)", c.Socket, client.DefaultSocket))
+			errs = append(errs, fmt.Sprintf("socket %q must be an absolute path (default %s)", c.Socket, rpc.DefaultSocket))
 		}
 	}
 	c.Timeout = DefaultTimeout
@@ -231,9 +229,9 @@ func (c *Conf) Excluded(ns string) bool {
 	return ns != "" && slices.Contains(c.ExcludeNamespaces, ns)
 }
 
-func parseOptions(raw *rawConf) (*nftredirv1.RedirectOptions, []string) {
+func parseOptions(raw *rawConf) (*rpc.Options, []string) {
 	var errs []string
-	o := &nftredirv1.RedirectOptions{}
+	o := &rpc.Options{}
 	if raw.CaptureMode != nil {
 		var s string
 		if err := strictDecode(raw.CaptureMode, &s); err != nil {
@@ -241,9 +239,9 @@ func parseOptions(raw *rawConf) (*nftredirv1.RedirectOptions, []string) {
 		} else {
 			switch strings.ToUpper(s) {
 			case "TPROXY":
-				o.CaptureMode = nftredirv1.CaptureMode_CAPTURE_MODE_TPROXY
+				o.CaptureMode = rpc.CaptureModeTPROXY
 			case "REDIRECT":
-				o.CaptureMode = nftredirv1.CaptureMode_CAPTURE_MODE_REDIRECT
+				o.CaptureMode = rpc.CaptureModeREDIRECT
 			default:
 				errs = append(errs, fmt.Sprintf("captureMode %q is not TPROXY or REDIRECT (leave it out for the daemon's default)", s))
 			}
@@ -263,13 +261,13 @@ func parseOptions(raw *rawConf) (*nftredirv1.RedirectOptions, []string) {
 					errs = append(errs, fmt.Sprintf("excludeOutboundCIDRs: %q is not a CIDR or an address (e.g. 10.0.0.0/8, fd00::/8, 169.254.169.254)", s))
 				}
 			}
-			o.ExcludeOutboundCidrs = cidrs
+			o.ExcludeOutboundCIDRs = cidrs
 		}
 	}
-	o.DnsCapture = parseBool("dnsCapture", raw.DNSCapture, &errs)
-	o.Ipv6 = parseBool("ipv6", raw.IPv6, &errs)
+	o.DNSCapture = parseBool("dnsCapture", raw.DNSCapture, &errs)
+	o.IPv6 = parseBool("ipv6", raw.IPv6, &errs)
 	o.InboundCapture = parseBool("inboundCapture", raw.InboundCapture, &errs)
-	if proto.Equal(o, &nftredirv1.RedirectOptions{}) {
+	if o.IsZero() {
 		// Nothing configured: send no options at all, the plainest way of
 		// asking for every daemon default.
 		o = nil
