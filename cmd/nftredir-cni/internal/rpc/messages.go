@@ -3,8 +3,6 @@ package rpc
 import (
 	"fmt"
 	"strconv"
-
-	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // The messages below are the fields of nftredir.v1 (proto/nftredir/v1/
@@ -142,46 +140,46 @@ type GetPodResponse struct {
 	Detail     string
 }
 
-func appendString(b []byte, num protowire.Number, s string) []byte {
+func appendString(b []byte, num int, s string) []byte {
 	if s == "" {
 		return b
 	}
-	b = protowire.AppendTag(b, num, protowire.BytesType)
-	return protowire.AppendString(b, s)
+	return appendStringField(b, num, s)
 }
 
-func appendBool(b []byte, num protowire.Number, v *bool) []byte {
+func appendBool(b []byte, num int, v *bool) []byte {
 	if v == nil {
 		return b
 	}
-	b = protowire.AppendTag(b, num, protowire.VarintType)
-	return protowire.AppendVarint(b, protowire.EncodeBool(*v))
+	x := uint64(0)
+	if *v {
+		x = 1
+	}
+	return appendVarintField(b, num, x)
 }
 
 // appendPacked writes a repeated uint32 packed, as proto3 does.
-func appendPacked(b []byte, num protowire.Number, vs []uint32) []byte {
+func appendPacked(b []byte, num int, vs []uint32) []byte {
 	if len(vs) == 0 {
 		return b
 	}
 	var p []byte
 	for _, v := range vs {
-		p = protowire.AppendVarint(p, uint64(v))
+		p = appendVarint(p, uint64(v))
 	}
-	b = protowire.AppendTag(b, num, protowire.BytesType)
-	return protowire.AppendBytes(b, p)
+	return appendBytes(b, num, p)
 }
 
 func (o *Options) marshal() []byte {
 	var b []byte
 	if o.CaptureMode != 0 {
-		b = protowire.AppendTag(b, 1, protowire.VarintType)
-		b = protowire.AppendVarint(b, uint64(int64(o.CaptureMode)))
+		// Enums are int32, sign-extended to 64 bits on the wire.
+		b = appendVarintField(b, 1, uint64(int64(o.CaptureMode)))
 	}
 	b = appendPacked(b, 2, o.ExcludeInboundPorts)
 	b = appendPacked(b, 3, o.ExcludeOutboundPorts)
 	for _, s := range o.ExcludeOutboundCIDRs {
-		b = protowire.AppendTag(b, 4, protowire.BytesType)
-		b = protowire.AppendString(b, s)
+		b = appendStringField(b, 4, s)
 	}
 	b = appendBool(b, 5, o.DNSCapture)
 	b = appendBool(b, 6, o.IPv6)
@@ -195,12 +193,10 @@ func (r *AddPodRequest) marshal() []byte {
 	b = appendString(b, 3, r.PodNamespace)
 	b = appendString(b, 4, r.NetnsPath)
 	for _, s := range r.PodIPs {
-		b = protowire.AppendTag(b, 5, protowire.BytesType)
-		b = protowire.AppendString(b, s)
+		b = appendStringField(b, 5, s)
 	}
 	if r.Options != nil {
-		b = protowire.AppendTag(b, 6, protowire.BytesType)
-		b = protowire.AppendBytes(b, r.Options.marshal())
+		b = appendBytes(b, 6, r.Options.marshal())
 	}
 	return b
 }
@@ -209,46 +205,6 @@ func (r *AddPodRequest) marshal() []byte {
 // GetPod, health Check requests).
 func marshalString(s string) []byte { return appendString(nil, 1, s) }
 
-// fields calls f for each field of a message, with the field's value for
-// bytes and varint fields; other wire types are skipped. It fails on
-// malformed input.
-func fields(b []byte, f func(num protowire.Number, typ protowire.Type, v uint64, bs []byte) error) error {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return protowire.ParseError(n)
-		}
-		b = b[n:]
-		switch typ {
-		case protowire.VarintType:
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			b = b[n:]
-			if err := f(num, typ, v, nil); err != nil {
-				return err
-			}
-		case protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			b = b[n:]
-			if err := f(num, typ, 0, v); err != nil {
-				return err
-			}
-		default:
-			n := protowire.ConsumeFieldValue(num, typ, b)
-			if n < 0 {
-				return protowire.ParseError(n)
-			}
-			b = b[n:]
-		}
-	}
-	return nil
-}
-
 // decodeErr is a response that is not the message it should be.
 func decodeErr(what string, err error) error {
 	return errorf(Internal, fmt.Sprintf("grpc: failed to unmarshal the received message: %s: %v", what, err))
@@ -256,8 +212,8 @@ func decodeErr(what string, err error) error {
 
 func unmarshalPod(b []byte) (*Pod, error) {
 	p := &Pod{}
-	err := fields(b, func(num protowire.Number, typ protowire.Type, v uint64, bs []byte) error {
-		if typ == protowire.BytesType {
+	err := fields(b, func(num int, typ wireType, v uint64, bs []byte) error {
+		if typ == bytesType {
 			switch num {
 			case 1:
 				p.PodUID = string(bs)
@@ -272,8 +228,8 @@ func unmarshalPod(b []byte) (*Pod, error) {
 			case 6:
 				p.PodIPs = append(p.PodIPs, string(bs))
 			case 7:
-				return fields(bs, func(num protowire.Number, typ protowire.Type, v uint64, _ []byte) error {
-					if num == 1 && typ == protowire.VarintType {
+				return fields(bs, func(num int, typ wireType, v uint64, _ []byte) error {
+					if num == 1 && typ == varintType {
 						p.CaptureMode = CaptureMode(int32(v))
 					}
 					return nil
@@ -290,12 +246,12 @@ func unmarshalPod(b []byte) (*Pod, error) {
 
 func unmarshalAddPodResponse(b []byte) (*AddPodResponse, error) {
 	r := &AddPodResponse{}
-	err := fields(b, func(num protowire.Number, typ protowire.Type, _ uint64, bs []byte) error {
+	err := fields(b, func(num int, typ wireType, _ uint64, bs []byte) error {
 		var err error
 		switch {
-		case num == 1 && typ == protowire.BytesType:
+		case num == 1 && typ == bytesType:
 			r.Pod, err = unmarshalPod(bs)
-		case num == 2 && typ == protowire.BytesType:
+		case num == 2 && typ == bytesType:
 			r.NotCapturedReason = string(bs)
 		}
 		return err
@@ -308,14 +264,14 @@ func unmarshalAddPodResponse(b []byte) (*AddPodResponse, error) {
 
 func unmarshalGetPodResponse(b []byte) (*GetPodResponse, error) {
 	r := &GetPodResponse{}
-	err := fields(b, func(num protowire.Number, typ protowire.Type, v uint64, bs []byte) error {
+	err := fields(b, func(num int, typ wireType, v uint64, bs []byte) error {
 		var err error
 		switch {
-		case num == 1 && typ == protowire.BytesType:
+		case num == 1 && typ == bytesType:
 			r.Pod, err = unmarshalPod(bs)
-		case num == 2 && typ == protowire.VarintType:
+		case num == 2 && typ == varintType:
 			r.SyncStatus = SyncStatus(int32(v))
-		case num == 3 && typ == protowire.BytesType:
+		case num == 3 && typ == bytesType:
 			r.Detail = string(bs)
 		}
 		return err
@@ -328,8 +284,8 @@ func unmarshalGetPodResponse(b []byte) (*GetPodResponse, error) {
 
 func unmarshalListPodsResponse(b []byte) ([]*Pod, error) {
 	var pods []*Pod
-	err := fields(b, func(num protowire.Number, typ protowire.Type, _ uint64, bs []byte) error {
-		if num == 1 && typ == protowire.BytesType {
+	err := fields(b, func(num int, typ wireType, _ uint64, bs []byte) error {
+		if num == 1 && typ == bytesType {
 			p, err := unmarshalPod(bs)
 			if err != nil {
 				return err
@@ -348,8 +304,8 @@ func unmarshalListPodsResponse(b []byte) ([]*Pod, error) {
 // (RemovePodResponse.existed, HealthCheckResponse.status).
 func unmarshalVarintField1(b []byte, what string) (uint64, error) {
 	var out uint64
-	err := fields(b, func(num protowire.Number, typ protowire.Type, v uint64, _ []byte) error {
-		if num == 1 && typ == protowire.VarintType {
+	err := fields(b, func(num int, typ wireType, v uint64, _ []byte) error {
+		if num == 1 && typ == varintType {
 			out = v
 		}
 		return nil

@@ -165,7 +165,15 @@ func TestDecodeAsGenerated(t *testing.T) {
 	if p, err := unmarshalPod(marshal(&nftredirv1.Pod{Options: &nftredirv1.RedirectOptions{CaptureMode: -1}})); err != nil || p.CaptureMode != -1 {
 		t.Errorf("negative enum: %+v, %v", p, err)
 	}
-	for _, bad := range [][]byte{{0x0a}, {0x0a, 0x05, 'a'}, {0x08}, {0x0b}} {
+	// Truncated and corrupted input fails cleanly, never panics.
+	whole := marshal(&nftredirv1.ListPodsResponse{Pods: []*nftredirv1.Pod{pod, pod}})
+	for i := range whole {
+		_, _ = unmarshalListPodsResponse(whole[:i])
+		mangled := slices.Clone(whole)
+		mangled[i] ^= 0xff
+		_, _ = unmarshalListPodsResponse(mangled)
+	}
+	for _, bad := range [][]byte{{0x0a}, {0x0a, 0x05, 'a'}, {0x08}, {0x0b}, {0x00}, {0x09, 1, 2}} {
 		if _, err := unmarshalListPodsResponse(bad); CodeOf(err) != Internal {
 			t.Errorf("malformed % x: %v, want Internal", bad, err)
 		}
