@@ -51,7 +51,9 @@ const (
 	defaultWindow   = 65535
 	defaultMaxFrame = 16384
 	// recvWindow is what the client grants the server, per stream and for
-	// the connection, once: more than any response it accepts.
+	// the connection, once: more than any response it accepts, and more
+	// than the few calls of one plugin command ever read, so it never has
+	// to grant more.
 	recvWindow = 1 << 30
 
 	// MaxResponse bounds a response message. grpc-go's client default is
