@@ -1,5 +1,6 @@
-// Package client is the Go client of nftredird's gRPC API, for the CNI shim,
-// node proxies and nftredirctl.
+// Package client is the Go client of nftredird's gRPC API, for node proxies,
+// nftredirctl and the other tools. (nftredir-cni, exec'd for every pod,
+// has a smaller client of its own: cmd/nftredir-cni/internal/rpc.)
 //
 // Every error a method returns is a gRPC status error (use status.Code), so
 // callers can tell a request to fix (InvalidArgument, FailedPrecondition)

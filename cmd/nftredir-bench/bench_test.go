@@ -43,7 +43,7 @@ func TestQuickRun(t *testing.T) {
 	}
 	t.Logf("quick run took %v", time.Since(start).Round(time.Millisecond))
 
-	for _, want := range []string{"Targets", "iptables-restore", "nft -f", "CNI ADD as the runtime sees it", "nftredir-cni VERSION", "Reconcile at scale", "Data path", "PASS"} {
+	for _, want := range []string{"Targets", "iptables-restore", "nft -f", "CNI ADD as the runtime sees it", "nftredir-cni VERSION", "RemovePod over a warm connection", "Reconcile at scale", "Data path", "PASS"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("printed report lacks %q:\n%s", want, stdout.String())
 		}

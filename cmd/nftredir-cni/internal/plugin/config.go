@@ -14,12 +14,9 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/protobuf/proto"
 
-	"github.com/nftredir/nftredir/client"
-	"github.com/nftredir/nftredir/internal/apimode"
+	"github.com/nftredir/nftredir/cmd/nftredir-cni/internal/rpc"
 	"github.com/nftredir/nftredir/internal/defaults"
-	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
 // Defaults of the plugin's own settings. Capture options have none here:
@@ -58,7 +55,7 @@ type Conf struct {
 
 	// Options is what AddPod asks for; nil fields are left to the daemon.
 	// Only parsed for ADD (see ParseConf).
-	Options *nftredirv1.RedirectOptions
+	Options *rpc.Options
 
 	// ValidAttachments is the union of both GC keys.
 	ValidAttachments []types.GCAttachment
@@ -132,13 +129,13 @@ func ParseConf(data []byte, withOptions bool) (*Conf, []string, error) {
 	slices.Sort(unknown)
 
 	var errs []string
-	c.Socket = client.DefaultSocket
+	c.Socket = rpc.DefaultSocket
 	if raw.Socket != nil {
 		c.Socket = *raw.Socket
 		// The plugin runs with whatever working directory the runtime
 		// has; a relative path would name a different socket per runtime.
 		if !filepath.IsAbs(c.Socket) {
-			errs = append(errs, fmt.Sprintf("socket %q must be an absolute path (default %s)", c.Socket, client.DefaultSocket))
+			errs = append(errs, fmt.Sprintf("socket %q must be an absolute path (default %s)", c.Socket, rpc.DefaultSocket))
 		}
 	}
 	c.Timeout = DefaultTimeout
@@ -233,18 +230,18 @@ func (c *Conf) Excluded(ns string) bool {
 	return ns != "" && slices.Contains(c.ExcludeNamespaces, ns)
 }
 
-func parseOptions(raw *rawConf) (*nftredirv1.RedirectOptions, []string) {
+func parseOptions(raw *rawConf) (*rpc.Options, []string) {
 	var errs []string
-	o := &nftredirv1.RedirectOptions{}
+	o := &rpc.Options{}
 	if raw.CaptureMode != nil {
 		var s string
 		if err := strictDecode(raw.CaptureMode, &s); err != nil {
 			errs = append(errs, fmt.Sprintf("captureMode: %v", err))
 		} else {
-			if m, err := apimode.Parse(s); err != nil {
+			if m, err := defaults.ParseCaptureMode(s); err != nil {
 				errs = append(errs, fmt.Sprintf("captureMode %q is not %s (leave it out for the daemon's default)", s, defaults.CaptureModeNames()))
 			} else {
-				o.CaptureMode = m
+				o.CaptureMode = rpc.CaptureModeOf(m)
 			}
 		}
 	}
@@ -262,13 +259,13 @@ func parseOptions(raw *rawConf) (*nftredirv1.RedirectOptions, []string) {
 					errs = append(errs, fmt.Sprintf("excludeOutboundCIDRs: %q is not a CIDR or an address (e.g. 10.0.0.0/8, fd00::/8, 169.254.169.254)", s))
 				}
 			}
-			o.ExcludeOutboundCidrs = cidrs
+			o.ExcludeOutboundCIDRs = cidrs
 		}
 	}
-	o.DnsCapture = parseBool("dnsCapture", raw.DNSCapture, &errs)
-	o.Ipv6 = parseBool("ipv6", raw.IPv6, &errs)
+	o.DNSCapture = parseBool("dnsCapture", raw.DNSCapture, &errs)
+	o.IPv6 = parseBool("ipv6", raw.IPv6, &errs)
 	o.InboundCapture = parseBool("inboundCapture", raw.InboundCapture, &errs)
-	if proto.Equal(o, &nftredirv1.RedirectOptions{}) {
+	if o.IsZero() {
 		// Nothing configured: send no options at all, the plainest way of
 		// asking for every daemon default.
 		o = nil

@@ -12,10 +12,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/google/go-cmp/cmp"
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/testing/protocmp"
 
-	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+	"github.com/nftredir/nftredir/cmd/nftredir-cni/internal/rpc"
 )
 
 func TestCNIParseConfDefaults(t *testing.T) {
@@ -34,7 +32,7 @@ func TestCNIParseConfDefaults(t *testing.T) {
 	}
 	got := *c
 	got.PluginConf = types.PluginConf{}
-	if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
+	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)
 	}
 	if c.Options != nil {
@@ -71,16 +69,17 @@ func TestCNIParseConfFull(t *testing.T) {
 	if !c.Excluded("kube-system") || c.Excluded("default") || c.Excluded("") {
 		t.Errorf("Excluded wrong for %v", c.ExcludeNamespaces)
 	}
-	wantOpts := &nftredirv1.RedirectOptions{
-		CaptureMode:          nftredirv1.CaptureMode_CAPTURE_MODE_REDIRECT,
+	no, yes := false, true
+	wantOpts := &rpc.Options{
+		CaptureMode:          rpc.CaptureModeREDIRECT,
 		ExcludeInboundPorts:  []uint32{15021, 8080},
 		ExcludeOutboundPorts: []uint32{5432},
-		ExcludeOutboundCidrs: []string{"10.0.0.0/8", "169.254.169.254", "fd00::/8"},
-		DnsCapture:           proto.Bool(false),
-		Ipv6:                 proto.Bool(true),
-		InboundCapture:       proto.Bool(false),
+		ExcludeOutboundCIDRs: []string{"10.0.0.0/8", "169.254.169.254", "fd00::/8"},
+		DNSCapture:           &no,
+		IPv6:                 &yes,
+		InboundCapture:       &no,
 	}
-	if diff := cmp.Diff(wantOpts, c.Options, protocmp.Transform()); diff != "" {
+	if diff := cmp.Diff(wantOpts, c.Options); diff != "" {
 		t.Errorf("options (-want +got):\n%s", diff)
 	}
 	wantAtt := []types.GCAttachment{{ContainerID: "a", IfName: "eth0"}, {ContainerID: "b", IfName: "eth1"}}

@@ -6,8 +6,8 @@ import (
 	"os"
 
 	"github.com/containernetworking/cni/pkg/types"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+
+	"github.com/nftredir/nftredir/cmd/nftredir-cni/internal/rpc"
 )
 
 // CNI error codes the plugin returns besides the library's own (1 version,
@@ -38,19 +38,19 @@ const (
 // message says what was asked, of which daemon, and what it answered.
 // what is a short verb phrase ("enrol pod x").
 func daemonError(err error, what, socket string) *types.Error {
-	st := status.Convert(err)
-	details := fmt.Sprintf("grpc code %s from %s", st.Code(), socket)
-	switch st.Code() {
-	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted, codes.Canceled:
-		return types.NewError(ErrTryAgainLater, fmt.Sprintf("%s: %s", what, unreachable(socket, st.Message())), details)
-	case codes.InvalidArgument:
-		return types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("%s: nftredird refused the request: %s", what, st.Message()), details)
-	case codes.FailedPrecondition:
-		return types.NewError(ErrNetnsRefused, fmt.Sprintf("%s: nftredird refused the network namespace: %s", what, st.Message()), details)
-	case codes.PermissionDenied, codes.Unauthenticated:
-		return types.NewError(ErrNotAllowed, fmt.Sprintf("%s: nftredird does not allow this caller: %s (run the plugin as root, or add its uid to the daemon's --allow-uid)", what, st.Message()), details)
+	code, msg := rpc.CodeOf(err), rpc.MessageOf(err)
+	details := fmt.Sprintf("grpc code %s from %s", code, socket)
+	switch code {
+	case rpc.Unavailable, rpc.DeadlineExceeded, rpc.ResourceExhausted, rpc.Aborted, rpc.Canceled:
+		return types.NewError(ErrTryAgainLater, fmt.Sprintf("%s: %s", what, unreachable(socket, msg)), details)
+	case rpc.InvalidArgument:
+		return types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("%s: nftredird refused the request: %s", what, msg), details)
+	case rpc.FailedPrecondition:
+		return types.NewError(ErrNetnsRefused, fmt.Sprintf("%s: nftredird refused the network namespace: %s", what, msg), details)
+	case rpc.PermissionDenied, rpc.Unauthenticated:
+		return types.NewError(ErrNotAllowed, fmt.Sprintf("%s: nftredird does not allow this caller: %s (run the plugin as root, or add its uid to the daemon's --allow-uid)", what, msg), details)
 	default:
-		return types.NewError(ErrInternal, fmt.Sprintf("%s: nftredird failed: %s", what, st.Message()), details)
+		return types.NewError(ErrInternal, fmt.Sprintf("%s: nftredird failed: %s", what, msg), details)
 	}
 }
 
@@ -67,8 +67,8 @@ func unreachable(socket, msg string) string {
 // isGone reports whether a client error means the daemon could not be
 // asked at all, which DEL treats as success.
 func isGone(err error) bool {
-	switch status.Code(err) {
-	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+	switch rpc.CodeOf(err) {
+	case rpc.Unavailable, rpc.DeadlineExceeded, rpc.Canceled:
 		return true
 	}
 	return false

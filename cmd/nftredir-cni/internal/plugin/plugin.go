@@ -24,11 +24,8 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
-	"github.com/nftredir/nftredir/client"
-	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+	"github.com/nftredir/nftredir/cmd/nftredir-cni/internal/rpc"
 )
 
 // Versions are the CNI spec versions the plugin speaks. 0.4.0 is the
@@ -69,12 +66,12 @@ type run struct {
 	conf   *Conf
 	log    hclog.Logger
 	ctx    context.Context
-	cl     *client.Client
+	cl     *rpc.Client
 	atts   attachments
 	closer func()
 }
 
-func (p *Plugin) begin(cmd string, args *skel.CmdArgs, withOptions bool, opts ...client.Option) (*run, error) {
+func (p *Plugin) begin(cmd string, args *skel.CmdArgs, withOptions bool, opts ...rpc.Option) (*run, error) {
 	conf, unknown, err := ParseConf(args.StdinData, withOptions)
 	if err != nil {
 		return nil, err
@@ -87,16 +84,12 @@ func (p *Plugin) begin(cmd string, args *skel.CmdArgs, withOptions bool, opts ..
 	if len(unknown) > 0 {
 		log.Warn("ignoring unknown config keys (misspelt?)", "keys", strings.Join(unknown, ","))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), conf.Timeout)
-	cl, err := client.Dial(ctx, conf.Socket, append([]client.Option{client.WithTimeout(conf.Timeout)}, opts...)...)
+	cl, err := rpc.New(conf.Socket, append([]rpc.Option{rpc.WithTimeout(conf.Timeout)}, opts...)...)
 	if err != nil {
-		cancel()
 		closeLog()
 		return nil, types.NewError(ErrInternal, fmt.Sprintf("connect to nftredird at %s", conf.Socket), err.Error())
 	}
-	// The handshake with the daemon runs while the command reads its
-	// arguments and attachment record.
-	cl.Connect()
+	ctx, cancel := context.WithTimeout(context.Background(), conf.Timeout)
 	return &run{
 		conf: conf,
 		log:  log,
@@ -104,12 +97,7 @@ func (p *Plugin) begin(cmd string, args *skel.CmdArgs, withOptions bool, opts ..
 		cl:   cl,
 		atts: attachments{dir: conf.DataDir},
 		closer: func() {
-			// Not waited for: a gRPC close sends GOAWAY and waits for the
-			// transport's writer and reader goroutines, which on a busy
-			// node took milliseconds (once two seconds) of the pod's
-			// start after the result was printed. The binary exits next,
-			// which closes the socket anyway; the daemon sees an EOF.
-			go cl.Close()
+			cl.Close()
 			cancel()
 			closeLog()
 		},
@@ -120,7 +108,7 @@ func (r *run) end() { r.closer() }
 
 // do runs one command with its run and logs its failure, which the
 // runtime may only show as a one-line message.
-func (p *Plugin) do(cmd string, args *skel.CmdArgs, withOptions bool, f func(*run, *skel.CmdArgs) error, opts ...client.Option) error {
+func (p *Plugin) do(cmd string, args *skel.CmdArgs, withOptions bool, f func(*run, *skel.CmdArgs) error, opts ...rpc.Option) error {
 	r, err := p.begin(cmd, args, withOptions, opts...)
 	if err != nil {
 		return err
@@ -149,7 +137,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error { return p.do("CHECK", args, fa
 // Status reports whether the daemon can take ADDs. It asks once, without
 // retrying: the runtime asks again, and a prompt answer is worth more.
 func (p *Plugin) Status(args *skel.CmdArgs) error {
-	return p.do("STATUS", args, false, p.status, client.WithRetry(1, 0))
+	return p.do("STATUS", args, false, p.status, rpc.WithRetry(1, 0))
 }
 
 // GC releases the pods this plugin enrolled, on this network, through an
@@ -204,15 +192,15 @@ func (p *Plugin) add(r *run, args *skel.CmdArgs) error {
 	if err := r.atts.Put(att); err != nil {
 		return types.NewError(types.ErrIOFailure, fmt.Sprintf("record attachment in %s", r.conf.DataDir), err.Error())
 	}
-	req := &nftredirv1.AddPodRequest{
-		PodUid:       id.Key,
+	req := &rpc.AddPodRequest{
+		PodUID:       id.Key,
 		PodName:      id.Name,
 		PodNamespace: id.Namespace,
 		NetnsPath:    args.Netns,
-		PodIps:       ips,
+		PodIPs:       ips,
 		Options:      r.conf.Options,
 	}
-	resp, err := r.cl.AddPodResponse(r.ctx, req)
+	resp, err := r.cl.AddPod(r.ctx, req)
 	if err != nil {
 		// The daemon changes nothing on a failed AddPod, except perhaps
 		// when the deadline cut it short; only then must the file stay
@@ -224,12 +212,11 @@ func (p *Plugin) add(r *run, args *skel.CmdArgs) error {
 		}
 		return daemonError(err, fmt.Sprintf("enrol pod %s", id.Key), r.conf.Socket)
 	}
-	if why := resp.GetNotCapturedReason(); why != "" {
+	if why := resp.NotCapturedReason; why != "" || resp.Pod == nil {
 		log.Info("pod not captured: the daemon's enrolment policy leaves it alone", "reason", why, "netns", args.Netns)
 	} else {
-		pod := resp.GetPod()
-		log.Info("pod enrolled", "netns", args.Netns, "ips", strings.Join(ips, ","), "netns_id", pod.GetNetnsId(),
-			"mode", pod.GetOptions().GetCaptureMode().String())
+		log.Info("pod enrolled", "netns", args.Netns, "ips", strings.Join(ips, ","), "netns_id", resp.Pod.NetnsID,
+			"mode", resp.Pod.CaptureMode.String())
 	}
 	p.sweep(r, att)
 	return p.print(prev, r.conf.CNIVersion)
@@ -252,8 +239,8 @@ func (p *Plugin) sweep(r *run, self Attachment) {
 }
 
 func mayHaveApplied(err error) bool {
-	c := status.Code(err)
-	return c == codes.DeadlineExceeded || c == codes.Canceled || c == codes.Unknown
+	c := rpc.CodeOf(err)
+	return c == rpc.DeadlineExceeded || c == rpc.Canceled || c == rpc.Unknown
 }
 
 // print writes the previous result in the config's version, which is
@@ -360,12 +347,12 @@ func (p *Plugin) release(r *run, args *skel.CmdArgs, t target, log hclog.Logger)
 	if err != nil {
 		return r.delError(log, t, err)
 	}
-	i := slices.IndexFunc(pods, func(pod *nftredirv1.Pod) bool { return pod.GetPodUid() == t.key })
+	i := slices.IndexFunc(pods, func(pod *rpc.Pod) bool { return pod.PodUID == t.key })
 	if i < 0 {
 		log.Info("pod not enrolled; nothing to release")
 		return nil
 	}
-	enrolledNetns := pods[i].GetNetnsPath()
+	enrolledNetns := pods[i].NetnsPath
 	if t.netns != "" && enrolledNetns != t.netns {
 		// A newer sandbox of the same pod enrolled it since; its capture
 		// is not this attachment's to remove.
@@ -393,8 +380,8 @@ func (p *Plugin) release(r *run, args *skel.CmdArgs, t target, log hclog.Logger)
 // request it refuses would be refused again, and failing DEL for it would
 // only leave the sandbox undeletable.
 func (r *run) delError(log hclog.Logger, t target, err error) error {
-	switch status.Code(err) {
-	case codes.Internal, codes.Unknown:
+	switch rpc.CodeOf(err) {
+	case rpc.Internal, rpc.Unknown:
 		return daemonError(err, fmt.Sprintf("release pod %s", t.key), r.conf.Socket)
 	}
 	log.Warn("nftredird refused the release; nothing of ours to remove", "error", err)
@@ -434,29 +421,32 @@ func (p *Plugin) check(r *run, args *skel.CmdArgs) error {
 		return nil
 	}
 	got, err := r.cl.GetPod(r.ctx, t.key)
-	if status.Code(err) == codes.NotFound {
+	if rpc.CodeOf(err) == rpc.NotFound {
 		return types.NewError(ErrNotCaptured, fmt.Sprintf("pod %s is not enrolled in nftredird", t.key),
 			"ADD did not enrol it, or the daemon lost its state directory; delete and re-create the sandbox")
 	}
 	if err != nil {
 		return daemonError(err, fmt.Sprintf("check pod %s", t.key), r.conf.Socket)
 	}
-	pod := got.GetPod()
-	if pod.GetNetnsPath() != args.Netns {
-		return types.NewError(ErrNotCaptured, fmt.Sprintf("pod %s is enrolled with network namespace %s, not %s", t.key, pod.GetNetnsPath(), args.Netns), "")
+	pod := got.Pod
+	if pod == nil {
+		pod = &rpc.Pod{}
+	}
+	if pod.NetnsPath != args.Netns {
+		return types.NewError(ErrNotCaptured, fmt.Sprintf("pod %s is enrolled with network namespace %s, not %s", t.key, pod.NetnsPath, args.Netns), "")
 	}
 	if prev != nil {
 		want, err := podIPs(prev)
 		if err != nil {
 			return err
 		}
-		if !sameAddrs(want, pod.GetPodIps()) {
+		if !sameAddrs(want, pod.PodIPs) {
 			return types.NewError(ErrNotCaptured, fmt.Sprintf("pod %s is enrolled with IPs [%s], but the network gave it [%s]",
-				t.key, strings.Join(pod.GetPodIps(), " "), strings.Join(want, " ")), "")
+				t.key, strings.Join(pod.PodIPs, " "), strings.Join(want, " ")), "")
 		}
 	}
-	if st := got.GetSyncStatus(); st != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC {
-		detail := got.GetDetail()
+	if st := got.SyncStatus; st != rpc.SyncInSync {
+		detail := got.Detail
 		if detail == "" {
 			detail = "no detail from the daemon"
 		}
@@ -467,13 +457,13 @@ func (p *Plugin) check(r *run, args *skel.CmdArgs) error {
 	return nil
 }
 
-func describeSync(st nftredirv1.SyncStatus) string {
+func describeSync(st rpc.SyncStatus) string {
 	switch st {
-	case nftredirv1.SyncStatus_SYNC_STATUS_DRIFTED:
+	case rpc.SyncDrifted:
 		return "drifted (its rules were changed)"
-	case nftredirv1.SyncStatus_SYNC_STATUS_ABSENT:
+	case rpc.SyncAbsent:
 		return "absent (its rules are missing)"
-	case nftredirv1.SyncStatus_SYNC_STATUS_NETNS_GONE:
+	case rpc.SyncNetnsGone:
 		return "gone (its network namespace no longer exists)"
 	}
 	return "unknown (" + st.String() + ")"
@@ -496,13 +486,13 @@ func sameAddrs(a, b []string) bool {
 func (p *Plugin) status(r *run, _ *skel.CmdArgs) error {
 	h, err := r.cl.Health(r.ctx)
 	if err != nil {
-		return types.NewError(ErrPluginNotAvailable, unreachable(r.conf.Socket, status.Convert(err).Message()),
-			fmt.Sprintf("grpc code %s from %s", status.Code(err), r.conf.Socket))
+		return types.NewError(ErrPluginNotAvailable, unreachable(r.conf.Socket, rpc.MessageOf(err)),
+			fmt.Sprintf("grpc code %s from %s", rpc.CodeOf(err), r.conf.Socket))
 	}
 	if !h.Serving() {
 		return types.NewError(ErrPluginNotAvailable,
 			fmt.Sprintf("nftredird at %s is not serving (server %s, %s %s): it is starting up or shutting down",
-				r.conf.Socket, h.Server, client.ServiceName, h.Service), "")
+				r.conf.Socket, h.Server, rpc.ServiceName, h.Service), "")
 	}
 	return nil
 }
@@ -531,9 +521,9 @@ func (p *Plugin) gc(r *run, _ *skel.CmdArgs) error {
 	if err != nil {
 		return daemonError(err, "list pods for GC", r.conf.Socket)
 	}
-	enrolled := map[string]*nftredirv1.Pod{}
+	enrolled := map[string]*rpc.Pod{}
 	for _, pod := range pods {
-		enrolled[pod.GetPodUid()] = pod
+		enrolled[pod.PodUID] = pod
 	}
 	var errs []error
 	var firstErr *types.Error
@@ -545,15 +535,17 @@ func (p *Plugin) gc(r *run, _ *skel.CmdArgs) error {
 			}
 		}
 		pod := enrolled[a.PodUID]
-		live := slices.ContainsFunc(all, func(b Attachment) bool {
-			return b != a && b.PodUID == a.PodUID && b.Netns == pod.GetNetnsPath() && isValid(b)
-		})
-		switch {
-		case pod == nil:
+		if pod == nil {
 			log.Debug("stale attachment; pod not enrolled")
 			forget()
-		case pod.GetNetnsPath() != a.Netns:
-			log.Info("stale attachment; pod enrolled with another namespace since, leaving it", "netns", pod.GetNetnsPath())
+			continue
+		}
+		live := slices.ContainsFunc(all, func(b Attachment) bool {
+			return b != a && b.PodUID == a.PodUID && b.Netns == pod.NetnsPath && isValid(b)
+		})
+		switch {
+		case pod.NetnsPath != a.Netns:
+			log.Info("stale attachment; pod enrolled with another namespace since, leaving it", "netns", pod.NetnsPath)
 			forget()
 		case live:
 			log.Info("stale attachment; pod still enrolled through a valid one, leaving it")
