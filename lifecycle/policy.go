@@ -37,7 +37,7 @@ type Admission struct {
 	NotCaptured string
 	// Request is what to enrol when NotCaptured is empty: the caller's
 	// request with the fields the policy fills in. Its pod_uid and
-	// netns_path must be the caller'm.
+	// netns_path must be the caller's.
 	Request *nftredirv1.AddPodRequest
 }
 
@@ -102,7 +102,7 @@ func (m *Manager) AddPod(ctx context.Context, req *nftredirv1.AddPodRequest) (*n
 
 // validateAdmitted validates what the policy made of the request exactly
 // as a caller's request, saying where a defect came from: fields the
-// caller did not send (options from pod annotations) are the policy'm.
+// caller did not send (options from pod annotations) are the policy's.
 func (m *Manager) validateAdmitted(orig, req *nftredirv1.AddPodRequest) (*addPod, error) {
 	if req == nil || req.GetPodUid() != orig.GetPodUid() || req.GetNetnsPath() != orig.GetNetnsPath() {
 		return nil, Errorf(KindInternal, "enrolment policy answered for pod %q at %q instead of %q at %q",

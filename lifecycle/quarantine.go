@@ -66,7 +66,7 @@ func (m *Manager) releaseQuarantined(ctx context.Context, uid string) (bool, err
 
 // releaseSalvaged removes uid's capture from the namespace a damaged
 // record names. When the record names no usable path, every namespace the
-// node has is searched for a table of uid'm.
+// node has is searched for a table of uid's.
 func (m *Manager) releaseSalvaged(ctx context.Context, log hclog.Logger, uid string, sv state.Salvaged) error {
 	routing := m.routing
 	if sv.Routing != nil && sv.Routing.Netns().Validate() == nil {

@@ -158,7 +158,7 @@ func (m *Manager) repair(ctx context.Context, h capture.Namespace, rec *state.Re
 
 // drop removes a record whose namespace is no longer the one enrolled.
 // Nothing is programmed anywhere: the path may now lead to a namespace
-// that is not this pod'm.
+// that is not this pod's.
 func (m *Manager) drop(ctx context.Context, log hclog.Logger, rec *state.Record, reason string) outcome {
 	defer m.lockProbe()()
 	if err := m.store.Delete(rec.PodUID); err != nil {
