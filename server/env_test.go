@@ -378,5 +378,16 @@ func (h *hookEngine) Inspect(ctx context.Context, ns capture.Namespace, rs *nft.
 	return h.Engine.Inspect(ctx, ns, rs, r)
 }
 
+// releaseAtCleanup returns the func that closes release, a hook's hold
+// on a call, and runs it at cleanup too: before the server stops, which
+// would otherwise wait for the held call forever once the test failed.
+// Call it after startServer.
+func releaseAtCleanup(t *testing.T, release chan struct{}) func() {
+	var once sync.Once
+	let := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(let)
+	return let
+}
+
 // errInjected is the failure a test makes the Fake's engine return.
 var errInjected = errors.New("injected apply failure")

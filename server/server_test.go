@@ -436,6 +436,7 @@ func TestBusyOwnerKeepsItsNamespace(t *testing.T) {
 		}
 	}}
 	ts := startServer(t, true, withHooks(hook))
+	let := releaseAtCleanup(t, release)
 	ns := ts.newNS(t)
 	ts.mustAdd(t, "owner", ns)
 	hold.Store(true)
@@ -452,7 +453,7 @@ func TestBusyOwnerKeepsItsNamespace(t *testing.T) {
 	if _, err := ts.add(t, "newcomer", ns); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("AddPod while the owner is busy: %v, want FailedPrecondition", err)
 	}
-	close(release)
+	let()
 	<-got
 	ts.mustAdd(t, "newcomer", ns) // the owner is done and its record is gone
 }
@@ -569,6 +570,7 @@ func TestHealthTurnsServingAfterStartupReconcile(t *testing.T) {
 		}
 	}}
 	ts := startServer(t, false, withWorld(w), withStateDir(state), withHooks(hook))
+	let := releaseAtCleanup(t, release)
 	<-entered // the startup reconcile is running
 	for _, svc := range []string{"", ServiceName} {
 		resp, err := ts.health.Check(ctxT(t), &healthgrpc.HealthCheckRequest{Service: svc})
@@ -579,7 +581,7 @@ func TestHealthTurnsServingAfterStartupReconcile(t *testing.T) {
 	if _, err := ts.api.ListPods(ctxT(t), &nftredirv1.ListPodsRequest{}); status.Code(err) != codes.Unavailable {
 		t.Errorf("ListPods during startup: %v, want Unavailable", err)
 	}
-	close(release)
+	let()
 	ts.waitServing(t)
 	resp, err := ts.health.Check(ctxT(t), &healthgrpc.HealthCheckRequest{})
 	if err != nil || resp.Status != healthgrpc.HealthCheckResponse_SERVING {
@@ -712,6 +714,7 @@ func TestPodsDoNotWaitForEachOther(t *testing.T) {
 		}
 	}}
 	ts := startServer(t, true, withHooks(hook))
+	let := releaseAtCleanup(t, release)
 	slowNS, fastNS := ts.newNS(t), ts.newNS(t)
 	slowDone := make(chan error, 1)
 	go func() {
@@ -727,7 +730,7 @@ func TestPodsDoNotWaitForEachOther(t *testing.T) {
 	if _, err := ts.api.GetPod(ctx, &nftredirv1.GetPodRequest{PodUid: "slow"}); status.Code(err) != codes.DeadlineExceeded {
 		t.Errorf("GetPod while AddPod holds the pod: %v, want DeadlineExceeded", err)
 	}
-	close(release)
+	let()
 	if err := <-slowDone; err != nil {
 		t.Fatal(err)
 	}
