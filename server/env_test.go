@@ -240,6 +240,15 @@ func startServer(t *testing.T, wait bool, opts ...serverOpt) *testServer {
 	if cfg.World == nil {
 		cfg.World = fakeWorld(t)
 	}
+	if f := cfg.World.fake; f != nil {
+		// Registered before the server's stop, so it runs after it: by
+		// then every call has closed what it opened.
+		t.Cleanup(func() {
+			if n := f.OpenNamespaces(); n != 0 {
+				t.Errorf("%d namespaces left open after the server stopped", n)
+			}
+		})
+	}
 	store, err := state.Open(cfg.StateDir, log)
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/nftredir/nftredir/capture/capturetest"
 	"github.com/nftredir/nftredir/lifecycle"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
@@ -112,4 +113,46 @@ func testInterruptedRemovePodIsFinished(t *testing.T, w *world) {
 		t.Fatalf("capture (%+v) or record left after reconcile finished the removal", st)
 	}
 	ts.mustAdd(t, "pod-2", ns) // the namespace is free again
+}
+
+// TestFailedRemovePodIsFinishedLater: a RemovePod whose engine work fails
+// keeps the pod's record, marked as being removed and its capture in
+// place, so that neither a repeat nor reconcile restores it: the repeat
+// finishes the release.
+func TestFailedRemovePodIsFinishedLater(t *testing.T) {
+	for _, finish := range []string{"repeat", "reconcile"} {
+		t.Run(finish, func(t *testing.T) {
+			w := fakeWorld(t)
+			ts := startServer(t, true, withWorld(w))
+			ns := ts.newNS(t)
+			ts.mustAdd(t, "pod-1", ns)
+			w.fake.FailNext(capturetest.OpRemove, errInjected)
+			if _, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "pod-1"}); status.Code(err) != codes.Internal {
+				t.Fatalf("RemovePod with a failing engine: %v, want Internal", err)
+			}
+			if rec, _ := ts.pods.Store().Get("pod-1"); rec == nil || !rec.Removing {
+				t.Fatalf("record after the failed RemovePod: %+v; want it kept, marked as being removed", rec)
+			}
+			if st := ts.look(t, ns); !st.captured() {
+				t.Errorf("the failed RemovePod changed the namespace: %+v", st)
+			}
+			if got := ts.get(t, "pod-1"); !strings.Contains(got.Detail, "RemovePod of the pod did not finish") {
+				t.Errorf("GetPod after the failed RemovePod: %q", got.Detail)
+			}
+			switch finish {
+			case "repeat":
+				resp, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "pod-1"})
+				if err != nil || !resp.Existed {
+					t.Fatalf("repeated RemovePod = %v, %v", resp, err)
+				}
+			case "reconcile":
+				if res, err := ts.pods.Reconcile(ctxT(t)); err != nil || res != (lifecycle.ReconcileResult{Released: 1}) {
+					t.Fatalf("Reconcile = %+v, %v; want one release", res, err)
+				}
+			}
+			if st := ts.look(t, ns); !st.untouched() || len(ts.records(t)) != 0 {
+				t.Errorf("after the %s: namespace holds %+v, %d records; want nothing", finish, st, len(ts.records(t)))
+			}
+		})
+	}
 }

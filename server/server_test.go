@@ -764,3 +764,34 @@ func TestReflectionAndMessageLimit(t *testing.T) {
 		t.Errorf("oversized request: %v, want ResourceExhausted", err)
 	}
 }
+
+// TestReconcileCountsFailuresAndRetries: a pod that cannot be inspected
+// or repaired is counted as failed, keeps its record, and is repaired by
+// the next pass.
+func TestReconcileCountsFailuresAndRetries(t *testing.T) {
+	for _, op := range []capturetest.Op{capturetest.OpInspect, capturetest.OpApply} {
+		t.Run(string(op), func(t *testing.T) {
+			w := fakeWorld(t)
+			ts := startServer(t, true, withWorld(w))
+			ns, other := ts.newNS(t), ts.newNS(t)
+			ts.mustAdd(t, "pod-1", ns)
+			ts.mustAdd(t, "pod-2", other)
+			w.DeleteTable(t, ns)
+			w.DeleteTable(t, other)
+			w.fake.FailNext(op, errInjected)
+			res, err := ts.pods.Reconcile(ctxT(t))
+			if err != nil || res != (lifecycle.ReconcileResult{Repaired: 1, Failed: 1}) {
+				t.Fatalf("Reconcile with one failing %s = %+v, %v; want one repaired, one failed", op, res, err)
+			}
+			if n := len(ts.records(t)); n != 2 {
+				t.Errorf("%d records after the pass, want both kept", n)
+			}
+			if res, err := ts.pods.Reconcile(ctxT(t)); err != nil || res != (lifecycle.ReconcileResult{InSync: 1, Repaired: 1}) {
+				t.Fatalf("next Reconcile = %+v, %v; want the failed pod repaired", res, err)
+			}
+			if a, b := ts.look(t, ns), ts.look(t, other); !a.captured() || !b.captured() {
+				t.Errorf("after the retry: %+v and %+v; want both captured", a, b)
+			}
+		})
+	}
+}
