@@ -4,23 +4,19 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nftredir/nftredir/capture"
+	"github.com/nftredir/nftredir/capture/capturetest"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 	"github.com/nftredir/nftredir/state"
 )
 
 func TestNewRejectsBadConfig(t *testing.T) {
-	guard, err := netns.NewGuard()
-	if err != nil {
-		t.Fatal(err)
-	}
 	store, err := state.Open(t.TempDir(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	base := func() Config {
-		return Config{Engine: capture.NewKernel(guard, nft.NewNetlink()), Store: store}
+		return Config{Engine: capturetest.NewFake(), Store: store}
 	}
 	badDefaults := nft.DefaultSpec("")
 	badDefaults.InboundPort = badDefaults.OutboundPort
