@@ -795,3 +795,45 @@ func TestReconcileCountsFailuresAndRetries(t *testing.T) {
 		})
 	}
 }
+
+// TestFailedReapplyWithNewRoutingChangesNothing: a pod enrolled before
+// the daemon's routing flags changed is re-applied with the new routing;
+// when that Apply fails after installing the new routing, as a refused
+// table batch does, the rollback takes the new routing out again and
+// leaves the recorded one.
+func TestFailedReapplyWithNewRoutingChangesNothing(t *testing.T) {
+	other, shared := netns.DefaultRouting(), netns.DefaultRouting()
+	other.Table, other.Priority = 101, 32000
+	shared.Priority = 32000
+	for _, moved := range []netns.Routing{other, shared} {
+		t.Run(fmt.Sprintf("table %d priority %d", moved.Table, moved.Priority), func(t *testing.T) {
+			w := fakeWorld(t)
+			dir := filepath.Join(t.TempDir(), "pods")
+			first := startServer(t, true, withWorld(w), withStateDir(dir))
+			ns := first.newNS(t)
+			first.mustAdd(t, "pod-1", ns)
+			first.stop()
+
+			ts := startServer(t, true, withWorld(w), withStateDir(dir), func(c *testConfig) { c.Pods.Routing = moved })
+			dump := w.Dump(t, ns)
+			w.fake.FailNext(capturetest.OpApply, errInjected)
+			if _, err := ts.add(t, "pod-1", ns); status.Code(err) != codes.Internal {
+				t.Fatalf("failing re-apply: %v", err)
+			}
+			if again := w.Dump(t, ns); again != dump {
+				t.Errorf("a failed re-apply changed the namespace:\n%s\n---\n%s", dump, again)
+			}
+			if got := ts.get(t, "pod-1"); got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC {
+				t.Errorf("after the failed re-apply: %v %q", got.SyncStatus, got.Detail)
+			}
+			// Once it succeeds, the pod has the new routing only.
+			ts.mustAdd(t, "pod-1", ns)
+			if rt := w.fake.Routing(ns, moved); !rt.Complete() {
+				t.Errorf("new routing after the re-apply: %+v", rt)
+			}
+			if rt := w.fake.Routing(ns, netns.DefaultRouting()); rt.V4Rule || rt.V6Rule {
+				t.Errorf("old rules left after the re-apply: %+v", rt)
+			}
+		})
+	}
+}
