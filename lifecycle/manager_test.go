@@ -4,7 +4,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nftredir/nftredir/capture"
 	"github.com/nftredir/nftredir/capture/capturetest"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
@@ -12,16 +11,12 @@ import (
 )
 
 func TestNewRejectsBadConfig(t *testing.T) {
-	guard, err := netns.NewGuard()
-	if err != nil {
-		t.Fatal(err)
-	}
 	store, err := state.Open(t.TempDir(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	base := func() Config {
-		return Config{Engine: capture.NewKernel(guard, nft.NewNetlink()), Store: store}
+		return Config{Engine: capturetest.NewFake(), Store: store}
 	}
 	badDefaults := nft.DefaultSpec("")
 	badDefaults.InboundPort = badDefaults.OutboundPort

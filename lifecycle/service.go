@@ -180,6 +180,15 @@ func (m *Manager) rollbackAdd(log hclog.Logger, h capture.Namespace, rec, prev *
 			errs = append(errs, err)
 		}
 		m.owners.release(h.ID(), rec.PodUID)
+	} else if rec.Routing != prev.Routing {
+		// Apply installs the routing before the table, so a failed
+		// re-apply under changed daemon flags may have left the new
+		// routing next to the recorded one, where nothing would ever
+		// remove it. Reroute takes it out and makes sure of the
+		// recorded one, whose route the two may share.
+		if err := m.engine.Reroute(ctx, h, m.routing, prev.Routing.Netns()); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	// A watcher or proxy that took a snapshot while the new record
 	// existed may hold the pod as this call would have left it: tell

@@ -4,17 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nftredir/nftredir/capture"
+	"github.com/nftredir/nftredir/capture/capturetest"
 	"github.com/nftredir/nftredir/internal/syncbuf"
 	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/state"
@@ -25,15 +26,16 @@ import (
 	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/nftredir/nftredir/internal/nstest"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
-// These helpers build real namespaces and a real server on a Unix socket.
-// The test process never changes namespace and never touches the node's
-// ruleset; everything is removed in t.Cleanup.
+// These helpers build a real server on a Unix socket, over the Fake
+// capture engine by default, or over the kernel engine and real
+// namespaces for tests about the kernel. The test process never changes
+// namespace and never touches the node's ruleset; everything is removed
+// in t.Cleanup.
 
 const dialEnv = "NFTREDIR_SERVER_TEST_DIAL"
 
@@ -70,42 +72,109 @@ func run(t *testing.T, name string, args ...string) string {
 	return string(out)
 }
 
-// testNetns is a named namespace under /run/netns.
-type testNetns struct {
-	name string
-	path string
+// world is where a test server's pod namespaces live: the in-memory
+// capturetest.Fake (fake set), or real namespaces programmed by the
+// kernel engine. Namespaces come from the Env; what they hold is read by
+// look, from the Fake's state or with the ip and nft binaries.
+type world struct {
+	capturetest.Env
+	fake *capturetest.Fake // nil on the kernel
 }
 
-func newNetns(t *testing.T) *testNetns {
-	t.Helper()
-	nstest.RequirePrivileged(t)
-	n := &testNetns{name: fmt.Sprintf("nftr-s-%08x", rand.Uint32())}
-	n.path = "/run/netns/" + n.name
-	n.create(t)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", n.name).Run() })
-	return n
+func fakeWorld(t *testing.T) *world {
+	f := capturetest.NewFake()
+	return &world{Env: capturetest.NewFakeEnvOf(t, f), fake: f}
 }
 
-func (n *testNetns) create(t *testing.T) {
-	t.Helper()
-	run(t, "ip", "netns", "add", n.name)
-	run(t, "ip", "-n", n.name, "link", "set", "lo", "up")
+// kernelWorld needs root: the test is skipped when
+// NFTREDIR_SKIP_PRIVILEGED=1.
+func kernelWorld(t *testing.T) *world { return &world{Env: capturetest.NewKernelEnv(t)} }
+
+// engines are the worlds a test that must hold on both runs in. The
+// kernel run is what keeps the Fake honest at the level of the API.
+var engines = []struct {
+	name  string
+	world func(*testing.T) *world
+}{{"fake", fakeWorld}, {"kernel", kernelWorld}}
+
+// onEngines runs test once per engine, as subtests.
+func onEngines(t *testing.T, test func(t *testing.T, w *world)) {
+	for _, e := range engines {
+		t.Run(e.name, func(t *testing.T) { test(t, e.world(t)) })
+	}
 }
 
-func (n *testNetns) del(t *testing.T) {
-	t.Helper()
-	run(t, "ip", "netns", "del", n.name)
+// nsState is what a namespace holds of ours: the listing of our table
+// ("" when there is none), and how many of our fwmark rules and local
+// routes exist, over both families (a pod has two of each).
+type nsState struct {
+	table         string
+	rules, routes int
 }
 
-// hasTable reports whether our table exists in the namespace.
-func (n *testNetns) hasTable(t *testing.T) bool {
+func (s nsState) captured() bool  { return s.table != "" && s.rules == 2 && s.routes == 2 }
+func (s nsState) untouched() bool { return s.table == "" && s.rules == 0 && s.routes == 0 }
+
+// look reads the namespace at path for the daemon's default routing.
+func (w *world) look(t *testing.T, path string) nsState {
 	t.Helper()
-	return strings.Contains(run(t, "ip", "netns", "exec", n.name, "nft", "list", "tables"), "inet "+nft.TableName)
+	r := netns.DefaultRouting()
+	if w.fake != nil {
+		var st nsState
+		if rs, tampered := w.fake.Table(path); rs != nil {
+			st.table = rs.String()
+			if tampered {
+				st.table += "# tampered\n"
+			}
+		}
+		rt := w.fake.Routing(path, r)
+		for _, ok := range []bool{rt.V4Rule, rt.V6Rule} {
+			if ok {
+				st.rules++
+			}
+		}
+		for _, ok := range []bool{rt.V4Route, rt.V6Route} {
+			if ok {
+				st.routes++
+			}
+		}
+		return st
+	}
+	name := filepath.Base(path)
+	var st nsState
+	if strings.Contains(run(t, "ip", "netns", "exec", name, "nft", "list", "tables"), "inet "+nft.TableName) {
+		st.table = run(t, "ip", "netns", "exec", name, "nft", "list", "table", "inet", nft.TableName)
+	}
+	rule := fmt.Sprintf("fwmark %#x/%#x lookup %d", r.Mark, r.Mask, r.Table)
+	for _, fam := range []string{"-4", "-6"} {
+		for l := range strings.Lines(run(t, "ip", "-n", name, fam, "rule", "show")) {
+			if strings.Contains(l, rule) {
+				st.rules++
+			}
+		}
+		// Not "show table 100", which fails once the table is empty.
+		for l := range strings.Lines(run(t, "ip", "-n", name, fam, "route", "show", "table", "all")) {
+			f := strings.Fields(l)
+			for i := 0; i+1 < len(f); i++ {
+				if f[i] == "table" && f[i+1] == strconv.Itoa(r.Table) {
+					st.routes++
+				}
+			}
+		}
+	}
+	return st
 }
 
-func (n *testNetns) listTable(t *testing.T) string {
+// id opens the namespace at path through the world's engine for its
+// identity.
+func (w *world) id(t *testing.T, path string) netns.ID {
 	t.Helper()
-	return run(t, "ip", "netns", "exec", n.name, "nft", "list", "table", "inet", nft.TableName)
+	h, err := w.Engine().Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	return h.ID()
 }
 
 // hostHasTable checks the test process's own namespace, which nftredird
@@ -121,7 +190,7 @@ type testServer struct {
 	socket string
 	dir    string
 	pods   *lifecycle.Manager
-	guard  *netns.Guard
+	w      *world
 	conn   *grpc.ClientConn
 	api    nftredirv1.RedirectServiceClient
 	health healthgrpc.HealthClient
@@ -130,48 +199,70 @@ type testServer struct {
 }
 
 // testConfig is everything a test server is made of: the server's
-// Config, the lifecycle engine's, and the kernel engine's parts.
+// Config, the lifecycle engine's, and the world its engine works on.
 type testConfig struct {
 	Config
-	Pods     lifecycle.Config
-	Guard    *netns.Guard
-	Applier  nft.Applier
+	Pods lifecycle.Config
+	// World is the Fake's unless a test asks for another.
+	World *world
+	// Wrap, when set, wraps the world's engine, for a test that must
+	// hold or break a call midway.
+	Wrap     func(capture.Engine) capture.Engine
 	StateDir string
 }
 
 // serverOpt adjusts the testConfig before the server starts.
 type serverOpt func(*testConfig)
 
-func withApplier(a nft.Applier) serverOpt { return func(c *testConfig) { c.Applier = a } }
-func withStateDir(d string) serverOpt     { return func(c *testConfig) { c.StateDir = d } }
+func withWorld(w *world) serverOpt    { return func(c *testConfig) { c.World = w } }
+func withStateDir(d string) serverOpt { return func(c *testConfig) { c.StateDir = d } }
+func withHooks(h *hookEngine) serverOpt {
+	return func(c *testConfig) {
+		c.Wrap = func(e capture.Engine) capture.Engine { h.Engine = e; return h }
+	}
+}
 
-// startServer runs a server and waits for it to serve unless wait is false.
+// startServer runs a server and waits for it to serve unless wait is
+// false. Its engine is the Fake unless withWorld says otherwise.
 func startServer(t *testing.T, wait bool, opts ...serverOpt) *testServer {
 	t.Helper()
-	nstest.RequirePrivileged(t)
 	dir := t.TempDir()
-	guard, err := netns.NewGuard()
-	if err != nil {
-		t.Fatal(err)
-	}
 	logs := &syncbuf.Buffer{}
 	log := hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug})
 	cfg := testConfig{
 		Config:   Config{Logger: log, ReconcileInterval: -1, Reflection: true},
 		Pods:     lifecycle.Config{Logger: log},
-		Guard:    guard,
-		Applier:  nft.NewNetlink(),
 		StateDir: filepath.Join(dir, "pods"),
 	}
 	for _, o := range opts {
 		o(&cfg)
+	}
+	if uid := os.Geteuid(); uid != 0 {
+		// Root may always call; a test run as another user on the Fake
+		// must be allowed to call its own server.
+		cfg.AllowUIDs = append(cfg.AllowUIDs, uint32(uid))
+	}
+	if cfg.World == nil {
+		cfg.World = fakeWorld(t)
+	}
+	if f := cfg.World.fake; f != nil {
+		// Registered before the server's stop, so it runs after it: by
+		// then every call has closed what it opened.
+		t.Cleanup(func() {
+			if n := f.OpenNamespaces(); n != 0 {
+				t.Errorf("%d namespaces left open after the server stopped", n)
+			}
+		})
 	}
 	store, err := state.Open(cfg.StateDir, log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.Pods.Store = store
-	cfg.Pods.Engine = capture.NewKernel(cfg.Guard, cfg.Applier)
+	cfg.Pods.Engine = cfg.World.Engine()
+	if cfg.Wrap != nil {
+		cfg.Pods.Engine = cfg.Wrap(cfg.Pods.Engine)
+	}
 	pods, err := lifecycle.New(cfg.Pods)
 	if err != nil {
 		t.Fatal(err)
@@ -181,7 +272,7 @@ func startServer(t *testing.T, wait bool, opts ...serverOpt) *testServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := &testServer{srv: srv, pods: pods, guard: cfg.Guard, dir: dir, socket: filepath.Join(dir, "nftredir.sock"), logs: logs}
+	ts := &testServer{srv: srv, pods: pods, w: cfg.World, dir: dir, socket: filepath.Join(dir, "nftredir.sock"), logs: logs}
 	lis, err := net.Listen("unix", ts.socket)
 	if err != nil {
 		t.Fatal(err)
@@ -214,6 +305,12 @@ func startServer(t *testing.T, wait bool, opts ...serverOpt) *testServer {
 	}
 	return ts
 }
+
+// newNS makes an empty pod namespace in the server's world.
+func (ts *testServer) newNS(t *testing.T) string { t.Helper(); return ts.w.NewNamespace(t) }
+
+// look reads what the namespace at path holds of ours.
+func (ts *testServer) look(t *testing.T, path string) nsState { t.Helper(); return ts.w.look(t, path) }
 
 func (ts *testServer) waitServing(t *testing.T) {
 	t.Helper()
@@ -272,39 +369,39 @@ func (ts *testServer) records(t *testing.T) []*state.Record {
 	return recs
 }
 
-// hookApplier wraps the kernel applier so a test can block or break it.
-type hookApplier struct {
-	nft.Applier
-	beforeApply  func(rs *nft.Ruleset)
-	beforeVerify func()
+// hookEngine runs a test's hooks inside the engine's calls, before the
+// wrapped engine does anything, so a test can hold a call midway (under
+// the pod's lock) or make it panic. It wraps either engine.
+type hookEngine struct {
+	capture.Engine
+	beforeApply   func(rs *nft.Ruleset)
+	beforeInspect func()
 }
 
-func (h *hookApplier) Apply(ctx context.Context, ns *netns.Handle, rs *nft.Ruleset) error {
+func (h *hookEngine) Apply(ctx context.Context, ns capture.Namespace, rs *nft.Ruleset, r netns.Routing) error {
 	if h.beforeApply != nil {
 		h.beforeApply(rs)
 	}
-	return h.Applier.Apply(ctx, ns, rs)
+	return h.Engine.Apply(ctx, ns, rs, r)
 }
 
-func (h *hookApplier) Verify(ctx context.Context, ns *netns.Handle, rs *nft.Ruleset) (nft.Status, string, error) {
-	if h.beforeVerify != nil {
-		h.beforeVerify()
+func (h *hookEngine) Inspect(ctx context.Context, ns capture.Namespace, rs *nft.Ruleset, r netns.Routing) (capture.Live, error) {
+	if h.beforeInspect != nil {
+		h.beforeInspect()
 	}
-	return h.Applier.Verify(ctx, ns, rs)
+	return h.Engine.Inspect(ctx, ns, rs, r)
 }
 
+// releaseAtCleanup returns the func that closes release, a hook's hold
+// on a call, and runs it at cleanup too: before the server stops, which
+// would otherwise wait for the held call forever once the test failed.
+// Call it after startServer.
+func releaseAtCleanup(t *testing.T, release chan struct{}) func() {
+	var once sync.Once
+	let := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(let)
+	return let
+}
+
+// errInjected is the failure a test makes the Fake's engine return.
 var errInjected = errors.New("injected apply failure")
-
-// failingApplier fails Apply for one pod, after nothing was changed, the
-// way the kernel rejecting a batch does.
-type failingApplier struct {
-	nft.Applier
-	pod string
-}
-
-func (f *failingApplier) Apply(ctx context.Context, ns *netns.Handle, rs *nft.Ruleset) error {
-	if rs.Spec.PodID == f.pod {
-		return errInjected
-	}
-	return f.Applier.Apply(ctx, ns, rs)
-}

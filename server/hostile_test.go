@@ -2,7 +2,6 @@ package server
 
 import (
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,21 +16,18 @@ import (
 // TestRemovePodAfterThePodRenamedLoopback: the pod owns its namespace; a
 // renamed loopback must not make it unreleasable.
 func TestRemovePodAfterThePodRenamedLoopback(t *testing.T) {
-	ns := newNetns(t)
-	ts := startServer(t, true)
-	ts.mustAdd(t, "pod-lo", ns.path)
+	ts := startServer(t, true, withWorld(kernelWorld(t)))
+	ns := ts.newNS(t)
+	ts.mustAdd(t, "pod-lo", ns)
 	for _, args := range [][]string{{"link", "set", "lo", "down"}, {"link", "set", "lo", "name", "podlo"}, {"link", "set", "podlo", "up"}} {
-		run(t, "ip", append([]string{"-n", ns.name}, args...)...)
+		run(t, "ip", append([]string{"-n", filepath.Base(ns)}, args...)...)
 	}
 	resp, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "pod-lo"})
 	if err != nil || !resp.Existed {
 		t.Fatalf("RemovePod after lo was renamed: %v, %v; want existed", resp, err)
 	}
-	if ns.hasTable(t) {
-		t.Error("the pod's table is still there")
-	}
-	if rules := run(t, "ip", "-n", ns.name, "rule", "show"); strings.Contains(rules, "0x111/0xfff") {
-		t.Errorf("our rule is still there:\n%s", rules)
+	if st := ts.look(t, ns); st.table != "" || st.rules != 0 {
+		t.Errorf("the pod's table or rule is still there: %+v", st)
 	}
 	if recs := ts.records(t); len(recs) != 0 {
 		t.Errorf("records left: %v", recs)
@@ -41,7 +37,7 @@ func TestRemovePodAfterThePodRenamedLoopback(t *testing.T) {
 // TestAddPodOnAHungMount: a netns_path on a mount that never answers gets
 // Unavailable in bounded time, changes nothing, and the daemon serves on.
 func TestAddPodOnAHungMount(t *testing.T) {
-	ts := startServer(t, true)
+	ts := startServer(t, true, withWorld(kernelWorld(t)))
 	hung, _ := nstest.HungMount(t)
 	start := time.Now()
 	_, err := ts.add(t, "pod-hung", filepath.Join(hung, "netns"))
@@ -51,6 +47,5 @@ func TestAddPodOnAHungMount(t *testing.T) {
 	if recs := ts.records(t); len(recs) != 0 {
 		t.Errorf("records after the refused AddPod: %v", recs)
 	}
-	ns := newNetns(t)
-	ts.mustAdd(t, "pod-ok", ns.path)
+	ts.mustAdd(t, "pod-ok", ts.newNS(t))
 }

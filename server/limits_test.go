@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/nftredir/nftredir/internal/nstest"
 	"github.com/nftredir/nftredir/internal/podevents"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
@@ -222,6 +223,7 @@ func handshake(t *testing.T, c net.Conn) bool {
 // are closed at accept, whoever the caller (here a uid that may not even
 // call the API), and the slots come back when connections close.
 func TestConnectionLimits(t *testing.T) {
+	nstest.RequirePrivileged(t) // dialAs switches uid
 	ts := startServer(t, true, func(c *testConfig) { c.Limits = Limits{MaxConnections: 5, MaxConnectionsPerUID: 3} })
 	ts.openToOthers(t)
 	base := ts.srv.conns.count() // the test's own client
@@ -300,6 +302,7 @@ func watch(t *testing.T, api nftredirv1.RedirectServiceClient) (context.CancelFu
 // TestWatcherLimits: WatchPods streams over the per-uid or the total
 // limit fail with ResourceExhausted, and slots come back when watches end.
 func TestWatcherLimits(t *testing.T) {
+	nstest.RequirePrivileged(t) // clientAs switches uid
 	ts := startServer(t, true, func(c *testConfig) {
 		c.Limits = Limits{MaxWatchers: 4, MaxWatchersPerUID: 2}
 		c.AllowUIDs = []uint32{nobody}
@@ -368,7 +371,13 @@ func TestSlowWatcherIsCutOffAndFreed(t *testing.T) {
 	ts := startServer(t, true)
 	// A fixed client window: the client's transport stops reading the
 	// stream at 64 KiB, so the daemon's Send blocks soon.
-	slow := ts.clientAs(t, 0, grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	conn, err := grpc.NewClient("unix://"+ts.socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	slow := nftredirv1.NewRedirectServiceClient(conn)
 	// No deadline: the peer must outlast the wait below.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -70,33 +70,24 @@ func fillIdentity(req *nftredirv1.AddPodRequest, _ netns.ID) (lifecycle.Admissio
 }
 
 func TestPolicyFillsIdentity(t *testing.T) {
-	ns := newNetns(t)
 	pol := &scriptedPolicy{admit: fillIdentity}
 	ts := startServer(t, true, withPolicy(pol))
-	resp, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "uid-1", NetnsPath: ns.path})
+	ns := ts.newNS(t)
+	resp, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "uid-1", NetnsPath: ns})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if p := resp.GetPod(); p.GetServiceAccount() != "web-sa" || p.GetPodName() != "web" || p.GetPodNamespace() != "shop" || resp.GetNotCapturedReason() != "" {
 		t.Fatalf("AddPod = %v; want the policy's identity", resp)
 	}
-	if !ns.hasTable(t) {
+	if !ts.look(t, ns).captured() {
 		t.Fatal("admitted pod not captured")
 	}
 	if got := ts.get(t, "uid-1").GetPod().GetServiceAccount(); got != "web-sa" {
 		t.Errorf("GetPod service account %q", got)
 	}
-	h, err := netns.NewGuard()
-	if err != nil {
-		t.Fatal(err)
-	}
-	nh, err := h.Open(ns.path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nh.Close()
-	if len(pol.ids) != 1 || pol.ids[0] != nh.ID() {
-		t.Errorf("Admit saw namespaces %v, want [%v]", pol.ids, nh.ID())
+	if id := ts.w.id(t, ns); len(pol.ids) != 1 || pol.ids[0] != id {
+		t.Errorf("Admit saw namespaces %v, want [%v]", pol.ids, id)
 	}
 	if _, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "uid-1"}); err != nil {
 		t.Fatal(err)
@@ -108,10 +99,10 @@ func TestPolicyFillsIdentity(t *testing.T) {
 }
 
 func TestPolicyLeavesPodUncapturedAndReleasesIt(t *testing.T) {
-	ns := newNetns(t)
 	pol := &scriptedPolicy{admit: fillIdentity}
 	ts := startServer(t, true, withPolicy(pol))
-	if _, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "uid-2", NetnsPath: ns.path}); err != nil {
+	ns := ts.newNS(t)
+	if _, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "uid-2", NetnsPath: ns}); err != nil {
 		t.Fatal(err)
 	}
 	pol.mu.Lock()
@@ -119,15 +110,15 @@ func TestPolicyLeavesPodUncapturedAndReleasesIt(t *testing.T) {
 		return lifecycle.Admission{NotCaptured: "namespace shop is not labelled"}, nil
 	}
 	pol.mu.Unlock()
-	resp, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "uid-2", NetnsPath: ns.path})
+	resp, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "uid-2", NetnsPath: ns})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if resp.GetPod() != nil || resp.GetNotCapturedReason() != "namespace shop is not labelled" {
 		t.Fatalf("AddPod = %v; want not captured with the policy's reason", resp)
 	}
-	if ns.hasTable(t) {
-		t.Error("table left in a pod the policy no longer captures")
+	if st := ts.look(t, ns); !st.untouched() {
+		t.Errorf("capture left in a pod the policy no longer captures: %+v", st)
 	}
 	if len(ts.records(t)) != 0 {
 		t.Error("record left for an uncaptured pod")
@@ -142,7 +133,8 @@ func TestPolicyLeavesPodUncapturedAndReleasesIt(t *testing.T) {
 }
 
 func TestPolicyRefusalChangesNothing(t *testing.T) {
-	ns := newNetns(t)
+	w := fakeWorld(t)
+	ns := w.NewNamespace(t)
 	tests := []struct {
 		name  string
 		admit func(*nftredirv1.AddPodRequest, netns.ID) (lifecycle.Admission, error)
@@ -169,13 +161,14 @@ func TestPolicyRefusalChangesNothing(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			pol := &scriptedPolicy{admit: tt.admit}
-			ts := startServer(t, true, withPolicy(pol))
-			_, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "uid-3", NetnsPath: ns.path})
+			ts := startServer(t, true, withWorld(w), withPolicy(pol))
+			changes := w.fake.Changes()
+			_, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "uid-3", NetnsPath: ns})
 			if status.Code(err) != tt.code || !strings.Contains(status.Convert(err).Message(), tt.msg) {
 				t.Fatalf("AddPod = %v; want %v containing %q", err, tt.code, tt.msg)
 			}
-			if ns.hasTable(t) || len(ts.records(t)) != 0 {
-				t.Error("a refused AddPod changed something")
+			if st := ts.look(t, ns); !st.untouched() || w.fake.Changes() != changes || len(ts.records(t)) != 0 {
+				t.Errorf("a refused AddPod changed something: %+v", st)
 			}
 			if added, _ := pol.log(); len(added) != 1 || !strings.HasPrefix(added[0], "uid-3 error: "+tt.code.String()) {
 				t.Errorf("policy heard %v", added)
@@ -187,7 +180,7 @@ func TestPolicyRefusalChangesNothing(t *testing.T) {
 func TestPolicyIsNotAskedAboutHostilePaths(t *testing.T) {
 	pol := &scriptedPolicy{admit: fillIdentity}
 	ts := startServer(t, true, withPolicy(pol))
-	_, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "uid-4", NetnsPath: "/etc/passwd"})
+	_, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "uid-4", NetnsPath: ts.w.NotNamespace(t)})
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("AddPod of a non-namespace: %v", err)
 	}
@@ -197,18 +190,18 @@ func TestPolicyIsNotAskedAboutHostilePaths(t *testing.T) {
 }
 
 func TestReleaseDoesNotTellThePolicy(t *testing.T) {
-	ns := newNetns(t)
 	pol := &scriptedPolicy{admit: fillIdentity}
 	ts := startServer(t, true, withPolicy(pol))
-	if _, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "uid-5", NetnsPath: ns.path}); err != nil {
+	ns := ts.newNS(t)
+	if _, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "uid-5", NetnsPath: ns}); err != nil {
 		t.Fatal(err)
 	}
 	existed, err := ts.pods.Release(ctxT(t), "uid-5")
 	if err != nil || !existed {
 		t.Fatalf("Release = %v, %v", existed, err)
 	}
-	if ns.hasTable(t) {
-		t.Error("table left after Release")
+	if st := ts.look(t, ns); !st.untouched() {
+		t.Errorf("capture left after Release: %+v", st)
 	}
 	if _, removed := pol.log(); len(removed) != 0 {
 		t.Errorf("Release told the policy %v", removed)

@@ -16,8 +16,8 @@ import (
 	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/nftredir/nftredir/capture/capturetest"
 	"github.com/nftredir/nftredir/lifecycle"
-	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 	"github.com/nftredir/nftredir/state"
 	"github.com/nftredir/nftredir/zds"
@@ -157,13 +157,13 @@ func wantCalls(t *testing.T, what string, got []string, want ...string) {
 }
 
 func TestProxiesFollowEnrolment(t *testing.T) {
-	ns := newNetns(t)
 	ts, z, p := startProxiedServer(t, false)
+	ns := ts.newNS(t)
 	wantCalls(t, "startup probe", p.takeCalls(), "reconcile 0")
 
 	sa := "web-sa"
 	resp, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "pod-1", PodName: "web", PodNamespace: "shop",
-		NetnsPath: ns.path, PodIps: []string{"10.244.0.9", "fd00::9"}, ServiceAccount: &sa})
+		NetnsPath: ns, PodIps: []string{"10.244.0.9", "fd00::9"}, ServiceAccount: &sa})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +175,7 @@ func TestProxiesFollowEnrolment(t *testing.T) {
 		t.Errorf("AddPod reply zds_state %q, want pending", got)
 	}
 	zp := z.pods["pod-1"]
-	if zp.Name != "web" || zp.Namespace != "shop" || zp.ServiceAccount != "web-sa" || zp.NetnsPath != ns.path || zp.NetnsID.String() != resp.GetPod().GetNetnsId() {
+	if zp.Name != "web" || zp.Namespace != "shop" || zp.ServiceAccount != "web-sa" || zp.NetnsPath != ns || zp.NetnsID.String() != resp.GetPod().GetNetnsId() {
 		t.Errorf("the proxy was told %+v; want the record's name, namespace, service account, path and id (%s)", zp, resp.GetPod().GetNetnsId())
 	}
 	pods, err := zds.StorePods{Store: ts.pods.Store()}.Pods()
@@ -194,7 +194,7 @@ func TestProxiesFollowEnrolment(t *testing.T) {
 	// A repeat that changes nothing does not make the proxy rebuild the
 	// pod; the node table is re-asserted.
 	if _, err := ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "pod-1", PodName: "web", PodNamespace: "shop",
-		NetnsPath: ns.path, PodIps: []string{"10.244.0.9", "fd00::9"}, ServiceAccount: &sa}); err != nil {
+		NetnsPath: ns, PodIps: []string{"10.244.0.9", "fd00::9"}, ServiceAccount: &sa}); err != nil {
 		t.Fatal(err)
 	}
 	wantCalls(t, "zds after a repeat", z.takeCalls())
@@ -223,12 +223,12 @@ func TestProxiesFollowEnrolment(t *testing.T) {
 }
 
 func TestReconcileDropTellsProxies(t *testing.T) {
-	ns := newNetns(t)
 	ts, z, p := startProxiedServer(t, false)
-	ts.mustAdd(t, "pod-1", ns.path)
+	ns := ts.newNS(t)
+	ts.mustAdd(t, "pod-1", ns)
 	z.takeCalls()
 	p.takeCalls()
-	ns.del(t)
+	ts.w.DeleteNamespace(t, ns)
 	res, err := ts.pods.Reconcile(ctxT(t))
 	if err != nil || res.Dropped != 1 {
 		t.Fatalf("Reconcile = %+v, %v; want one drop", res, err)
@@ -238,10 +238,10 @@ func TestReconcileDropTellsProxies(t *testing.T) {
 }
 
 func TestRequireAckFailureKeepsThePodEnrolled(t *testing.T) {
-	ns := newNetns(t)
 	ts, z, _ := startProxiedServer(t, true)
+	ns := ts.newNS(t)
 	z.waitErr = zds.ErrNoProxy
-	_, err := ts.add(t, "pod-1", ns.path)
+	_, err := ts.add(t, "pod-1", ns)
 	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "pod pod-1 is captured but the node proxy has not taken it") ||
 		!strings.Contains(err.Error(), zds.ErrNoProxy.Error()) || !strings.Contains(err.Error(), "retry AddPod") {
 		t.Fatalf("AddPod without an ack: %v; want Unavailable saying the pod is captured and to retry", err)
@@ -252,26 +252,27 @@ func TestRequireAckFailureKeepsThePodEnrolled(t *testing.T) {
 	}
 	// The retry the error asks for waits again, and succeeds once acked.
 	z.waitErr = nil
-	resp, err := ts.add(t, "pod-1", ns.path)
+	resp, err := ts.add(t, "pod-1", ns)
 	if err != nil || resp.GetPod().GetZdsState() != "acked" {
 		t.Fatalf("retried AddPod: %v, %v; want OK and acked", resp, err)
 	}
 	wantCalls(t, "zds", z.takeCalls(), "addwait pod-1 listed=true", "addwait pod-1 listed=true")
 	// Acked and unchanged: a repeat does not wait for the proxy again.
-	if _, err := ts.add(t, "pod-1", ns.path); err != nil {
+	if _, err := ts.add(t, "pod-1", ns); err != nil {
 		t.Fatal(err)
 	}
 	wantCalls(t, "zds after a repeat", z.takeCalls())
 }
 
 func TestFailedAddTellsTheProxyToForgetThePod(t *testing.T) {
-	ns := newNetns(t)
 	z, p := newFakeZDS(), &fakeProbe{}
-	ts := startServer(t, true, withApplier(&failingApplier{Applier: nft.NewNetlink(), pod: "pod-1"}), func(c *testConfig) { c.Pods.ZDS, c.Pods.Probe = z, p })
+	ts := startServer(t, true, func(c *testConfig) { c.Pods.ZDS, c.Pods.Probe = z, p })
 	z.store = ts.pods.Store()
+	ns := ts.newNS(t)
 	p.takeCalls()
-	if _, err := ts.add(t, "pod-1", ns.path); err == nil {
-		t.Fatal("AddPod succeeded with a failing applier")
+	ts.w.fake.FailNext(capturetest.OpApply, errInjected)
+	if _, err := ts.add(t, "pod-1", ns); err == nil {
+		t.Fatal("AddPod succeeded with a failing engine")
 	}
 	// A proxy that connected while the record existed may hold the pod.
 	wantCalls(t, "zds", z.takeCalls(), "del pod-1 listed=false")

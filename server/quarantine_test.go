@@ -34,15 +34,13 @@ func truncateAfter(key string) func([]byte) []byte {
 	}
 }
 
-func (n *testNetns) hasRouting(t *testing.T) bool {
-	t.Helper()
-	return strings.Contains(run(t, "ip", "-n", n.name, "rule", "show"), "fwmark 0x111/0xfff lookup 100") ||
-		strings.TrimSpace(run(t, "ip", "-n", n.name, "route", "show", "table", "100")) != ""
-}
-
 // TestQuarantinedPodIsReleased: a pod whose record is corrupt, however
 // badly, is released by RemovePod: its table and routing go.
 func TestQuarantinedPodIsReleased(t *testing.T) {
+	onEngines(t, testQuarantinedPodIsReleased)
+}
+
+func testQuarantinedPodIsReleased(t *testing.T, w *world) {
 	for _, tc := range []struct {
 		name    string
 		damage  func([]byte) []byte
@@ -59,30 +57,29 @@ func TestQuarantinedPodIsReleased(t *testing.T) {
 		{"garbage", func([]byte) []byte { return []byte("{not json") }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ns := newNetns(t)
 			state := filepath.Join(t.TempDir(), "pods")
-			ts := startServer(t, true, withStateDir(state))
-			ts.mustAdd(t, "pod-1", ns.path)
+			ts := startServer(t, true, withWorld(w), withStateDir(state))
+			ns := ts.newNS(t)
+			ts.mustAdd(t, "pod-1", ns)
 			ts.corrupt(t, "pod-1", tc.damage)
 			if tc.restart {
 				ts.stop()
-				ts = startServer(t, true, withStateDir(state))
+				ts = startServer(t, true, withWorld(w), withStateDir(state))
 			}
 			resp, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "pod-1"})
 			if err != nil || !resp.Existed {
 				t.Fatalf("RemovePod = %v, %v; want existed=true\nserver log:\n%s", resp, err, ts.logs.String())
 			}
-			if ns.hasTable(t) {
+			if st := ts.look(t, ns); st.table != "" {
 				t.Errorf("the table stayed after RemovePod of a pod with a corrupt record\nserver log:\n%s", ts.logs.String())
-			}
-			if ns.hasRouting(t) {
-				t.Error("the routing stayed after RemovePod of a pod with a corrupt record")
+			} else if !st.untouched() {
+				t.Errorf("the routing stayed after RemovePod of a pod with a corrupt record: %+v", st)
 			}
 			// Released once: a repeat has nothing to do.
 			if resp, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "pod-1"}); err != nil || resp.Existed {
 				t.Errorf("second RemovePod = %v, %v; want existed=false", resp, err)
 			}
-			ts.mustAdd(t, "pod-2", ns.path) // the namespace is free
+			ts.mustAdd(t, "pod-2", ns) // the namespace is free
 		})
 	}
 }
@@ -90,21 +87,26 @@ func TestQuarantinedPodIsReleased(t *testing.T) {
 // TestQuarantinedRecordTouchesOnlyItsPod: a damaged record that names
 // another pod's namespace never removes that pod's capture.
 func TestQuarantinedRecordTouchesOnlyItsPod(t *testing.T) {
-	victim, mine := newNetns(t), newNetns(t)
-	ts := startServer(t, true)
-	ts.mustAdd(t, "victim", victim.path)
-	ts.mustAdd(t, "pod-1", mine.path)
+	onEngines(t, testQuarantinedRecordTouchesOnlyItsPod)
+}
+
+func testQuarantinedRecordTouchesOnlyItsPod(t *testing.T, w *world) {
+	ts := startServer(t, true, withWorld(w))
+	victim, mine := ts.newNS(t), ts.newNS(t)
+	ts.mustAdd(t, "victim", victim)
+	ts.mustAdd(t, "pod-1", mine)
+	before := w.Dump(t, victim)
 	ts.pods.Store().Delete("pod-1")
 	// pod-1's record, torn, naming the victim's namespace.
 	path := ts.pods.Store().RecordPath("pod-1")
-	if err := os.WriteFile(path, []byte(`{"version": 1, "podUid": "pod-1", "netnsPath": "`+victim.path+`", "netnsId": "`), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(`{"version": 1, "podUid": "pod-1", "netnsPath": "`+victim+`", "netnsId": "`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "pod-1"}); err != nil {
 		t.Fatal(err)
 	}
-	if !victim.hasTable(t) || !victim.hasRouting(t) {
-		t.Fatal("RemovePod of a damaged record removed another pod's capture")
+	if st := ts.look(t, victim); !st.captured() || w.Dump(t, victim) != before {
+		t.Fatalf("RemovePod of a damaged record changed another pod's capture: %+v", st)
 	}
 	if got := ts.get(t, "victim"); got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC {
 		t.Errorf("victim after the release: %v %q", got.SyncStatus, got.Detail)
@@ -114,13 +116,13 @@ func TestQuarantinedRecordTouchesOnlyItsPod(t *testing.T) {
 // TestQuarantinedRecordIsShown: until its pod is released, a quarantined
 // record is in ListPods and GetPod, with the namespace it names.
 func TestQuarantinedRecordIsShown(t *testing.T) {
-	ns := newNetns(t)
 	ts := startServer(t, true)
-	pod := ts.mustAdd(t, "pod-1", ns.path)
+	ns := ts.newNS(t)
+	pod := ts.mustAdd(t, "pod-1", ns)
 	ts.corrupt(t, "pod-1", truncateAfter("netnsId"))
 
 	got := ts.get(t, "pod-1")
-	if got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_QUARANTINED || got.Pod.GetNetnsPath() != ns.path || got.Pod.GetNetnsId() != pod.NetnsId ||
+	if got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_QUARANTINED || got.Pod.GetNetnsPath() != ns || got.Pod.GetNetnsId() != pod.NetnsId ||
 		!strings.Contains(got.Detail, "RemovePod releases it") {
 		t.Errorf("GetPod of a quarantined pod = %v", got)
 	}
@@ -135,7 +137,7 @@ func TestQuarantinedRecordIsShown(t *testing.T) {
 		t.Fatalf("ListPods = %v; want no pods and one quarantined record", list)
 	}
 	q := list.Quarantined[0]
-	if q.PodUid != "pod-1" || q.NetnsPath != ns.path || q.NetnsId != pod.NetnsId || !strings.Contains(q.Reason, "corrupt record") ||
+	if q.PodUid != "pod-1" || q.NetnsPath != ns || q.NetnsId != pod.NetnsId || !strings.Contains(q.Reason, "corrupt record") ||
 		!strings.HasPrefix(q.File, filepath.Join(ts.pods.Store().Dir(), state.QuarantineDir)) {
 		t.Errorf("quarantined record = %v", q)
 	}

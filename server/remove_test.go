@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/nftredir/nftredir/capture/capturetest"
 	"github.com/nftredir/nftredir/lifecycle"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
@@ -45,10 +46,11 @@ func readOnly(t *testing.T, dir string) (writable func()) {
 // enrolled, so that neither the reply nor a later reconcile contradicts
 // the kernel; once the directory is writable again the same call works.
 func TestRemovePodOnReadOnlyStateDirChangesNothing(t *testing.T) {
-	ns := newNetns(t)
-	ts := startServer(t, true)
-	ts.mustAdd(t, "pod-1", ns.path)
-	table := ns.listTable(t)
+	w := kernelWorld(t)
+	ts := startServer(t, true, withWorld(w))
+	ns := ts.newNS(t)
+	ts.mustAdd(t, "pod-1", ns)
+	before := ts.look(t, ns)
 	writable := readOnly(t, ts.pods.Store().Dir())
 
 	_, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "pod-1"})
@@ -58,11 +60,8 @@ func TestRemovePodOnReadOnlyStateDirChangesNothing(t *testing.T) {
 	if st := status.Convert(err); st.Code() != codes.Internal || !strings.Contains(st.Message(), "read-only file system") {
 		t.Errorf("RemovePod = %v; want Internal naming the read-only file system", err)
 	}
-	if !ns.hasTable(t) || ns.listTable(t) != table {
-		t.Fatal("a failed RemovePod changed the pod's table")
-	}
-	if out := run(t, "ip", "-n", ns.name, "rule", "show"); !strings.Contains(out, "fwmark 0x111/0xfff lookup 100") {
-		t.Fatalf("a failed RemovePod removed the routing:\n%s", out)
+	if st := ts.look(t, ns); st != before || !st.captured() {
+		t.Fatalf("a failed RemovePod changed the pod's capture: %+v, before it %+v", st, before)
 	}
 	if got := ts.get(t, "pod-1"); got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC {
 		t.Errorf("after the failed RemovePod: %v %q, want IN_SYNC", got.SyncStatus, got.Detail)
@@ -76,10 +75,10 @@ func TestRemovePodOnReadOnlyStateDirChangesNothing(t *testing.T) {
 	if err != nil || !resp.Existed {
 		t.Fatalf("RemovePod once writable = %v, %v", resp, err)
 	}
-	if ns.hasTable(t) || len(ts.records(t)) != 0 {
-		t.Fatal("table or record left after RemovePod")
+	if st := ts.look(t, ns); !st.untouched() || len(ts.records(t)) != 0 {
+		t.Fatalf("capture (%+v) or record left after RemovePod", st)
 	}
-	if res, err := ts.pods.Reconcile(ctxT(t)); err != nil || res != (lifecycle.ReconcileResult{}) || ns.hasTable(t) {
+	if res, err := ts.pods.Reconcile(ctxT(t)); err != nil || res != (lifecycle.ReconcileResult{}) || !ts.look(t, ns).untouched() {
 		t.Errorf("Reconcile after the release = %+v, %v; it must not restore capture", res, err)
 	}
 }
@@ -88,9 +87,13 @@ func TestRemovePodOnReadOnlyStateDirChangesNothing(t *testing.T) {
 // intent and then failed or died is finished by reconcile, which releases
 // the pod instead of restoring its capture.
 func TestInterruptedRemovePodIsFinished(t *testing.T) {
-	ns := newNetns(t)
-	ts := startServer(t, true)
-	ts.mustAdd(t, "pod-1", ns.path)
+	onEngines(t, testInterruptedRemovePodIsFinished)
+}
+
+func testInterruptedRemovePodIsFinished(t *testing.T, w *world) {
+	ts := startServer(t, true, withWorld(w))
+	ns := ts.newNS(t)
+	ts.mustAdd(t, "pod-1", ns)
 	rec, err := ts.pods.Store().Get("pod-1")
 	if err != nil || rec == nil {
 		t.Fatalf("record: %v, %v", rec, err)
@@ -106,11 +109,50 @@ func TestInterruptedRemovePodIsFinished(t *testing.T) {
 	if err != nil || res != (lifecycle.ReconcileResult{Released: 1}) {
 		t.Fatalf("Reconcile = %+v, %v; want one release", res, err)
 	}
-	if ns.hasTable(t) || len(ts.records(t)) != 0 {
-		t.Fatal("table or record left after reconcile finished the removal")
+	if st := ts.look(t, ns); !st.untouched() || len(ts.records(t)) != 0 {
+		t.Fatalf("capture (%+v) or record left after reconcile finished the removal", st)
 	}
-	if out := run(t, "ip", "-n", ns.name, "rule", "show"); strings.Contains(out, "fwmark 0x111") {
-		t.Errorf("routing left after reconcile finished the removal:\n%s", out)
+	ts.mustAdd(t, "pod-2", ns) // the namespace is free again
+}
+
+// TestFailedRemovePodIsFinishedLater: a RemovePod whose engine work fails
+// keeps the pod's record, marked as being removed and its capture in
+// place, so that neither a repeat nor reconcile restores it: the repeat
+// finishes the release.
+func TestFailedRemovePodIsFinishedLater(t *testing.T) {
+	for _, finish := range []string{"repeat", "reconcile"} {
+		t.Run(finish, func(t *testing.T) {
+			w := fakeWorld(t)
+			ts := startServer(t, true, withWorld(w))
+			ns := ts.newNS(t)
+			ts.mustAdd(t, "pod-1", ns)
+			w.fake.FailNext(capturetest.OpRemove, errInjected)
+			if _, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "pod-1"}); status.Code(err) != codes.Internal {
+				t.Fatalf("RemovePod with a failing engine: %v, want Internal", err)
+			}
+			if rec, _ := ts.pods.Store().Get("pod-1"); rec == nil || !rec.Removing {
+				t.Fatalf("record after the failed RemovePod: %+v; want it kept, marked as being removed", rec)
+			}
+			if st := ts.look(t, ns); !st.captured() {
+				t.Errorf("the failed RemovePod changed the namespace: %+v", st)
+			}
+			if got := ts.get(t, "pod-1"); !strings.Contains(got.Detail, "RemovePod of the pod did not finish") {
+				t.Errorf("GetPod after the failed RemovePod: %q", got.Detail)
+			}
+			switch finish {
+			case "repeat":
+				resp, err := ts.api.RemovePod(ctxT(t), &nftredirv1.RemovePodRequest{PodUid: "pod-1"})
+				if err != nil || !resp.Existed {
+					t.Fatalf("repeated RemovePod = %v, %v", resp, err)
+				}
+			case "reconcile":
+				if res, err := ts.pods.Reconcile(ctxT(t)); err != nil || res != (lifecycle.ReconcileResult{Released: 1}) {
+					t.Fatalf("Reconcile = %+v, %v; want one release", res, err)
+				}
+			}
+			if st := ts.look(t, ns); !st.untouched() || len(ts.records(t)) != 0 {
+				t.Errorf("after the %s: namespace holds %+v, %d records; want nothing", finish, st, len(ts.records(t)))
+			}
+		})
 	}
-	ts.mustAdd(t, "pod-2", ns.path) // the namespace is free again
 }
