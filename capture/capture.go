@@ -54,7 +54,9 @@ type Engine interface {
 	// have been added (Remove takes it out).
 	Apply(ctx context.Context, ns Namespace, rs *nft.Ruleset, r netns.Routing) error
 	// Reroute replaces the routing old with r, for a pod whose daemon
-	// flags changed since it was enrolled; the table is left alone.
+	// flags changed since it was enrolled; the table is left alone. r is
+	// installed even when removing old fails (the error says so): the two
+	// may share a route.
 	Reroute(ctx context.Context, ns Namespace, old, r netns.Routing) error
 	// Remove deletes our table, then the routing. It succeeds when either
 	// or both are already gone.

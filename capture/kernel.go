@@ -2,6 +2,7 @@ package capture
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -69,13 +70,16 @@ func (k *Kernel) Reroute(_ context.Context, ns Namespace, old, r netns.Routing) 
 	if err != nil {
 		return err
 	}
+	// The new routing is ensured even when the old one could not all be
+	// removed: they may share a route, which a partial removal took.
+	var rmErr error
 	if err := netns.RemoveRouting(h, old); err != nil {
-		return fmt.Errorf("remove previous policy routing: %w", err)
+		rmErr = fmt.Errorf("remove previous policy routing: %w", err)
 	}
 	if err := netns.EnsureRouting(h, r); err != nil {
-		return fmt.Errorf("install policy routing: %w", err)
+		return errors.Join(rmErr, fmt.Errorf("install policy routing: %w", err))
 	}
-	return nil
+	return rmErr
 }
 
 // Remove takes the table out before the routing, the reverse of Apply.

@@ -177,7 +177,10 @@ func (m *Manager) rollbackAdd(log hclog.Logger, h capture.Namespace, rec, prev *
 		// The namespace had nothing of this pod's before the call. Apply is
 		// atomic, so the table is as it was; routing may have been added.
 		if err := m.engine.Remove(ctx, h, m.routing); err != nil {
-			errs = append(errs, err)
+			// Remove stops at a table it cannot delete, but no table of
+			// this pod's is there to keep the routing for: the routing
+			// goes regardless, or nothing would ever take it out.
+			errs = append(errs, err, m.engine.RemoveRouting(ctx, h, m.routing))
 		}
 		m.owners.release(h.ID(), rec.PodUID)
 	} else if rec.Routing != prev.Routing {

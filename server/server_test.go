@@ -482,6 +482,25 @@ func TestFailedApplyChangesNothing(t *testing.T) {
 	ts.mustAdd(t, "other", ns) // the namespace was not claimed
 }
 
+// TestFailedApplyAndFailedRollbackLeaveNoRouting: when the table of a new
+// pod is refused after its routing went in, and taking the table out in
+// the rollback fails too, the routing still goes: no record is left that
+// would ever remove it.
+func TestFailedApplyAndFailedRollbackLeaveNoRouting(t *testing.T) {
+	w := fakeWorld(t)
+	ts := startServer(t, true, withWorld(w))
+	ns := ts.newNS(t)
+	dump := w.Dump(t, ns)
+	w.fake.FailNext(capturetest.OpApply, errInjected)
+	w.fake.FailNext(capturetest.OpRemove, errInjected)
+	if _, err := ts.add(t, "doomed", ns); status.Code(err) != codes.Internal {
+		t.Fatalf("AddPod with a failing engine: %v", err)
+	}
+	if st := ts.look(t, ns); !st.untouched() || w.Dump(t, ns) != dump {
+		t.Errorf("a failed AddPod whose rollback could not remove the table left %+v:\n%s", st, w.Dump(t, ns))
+	}
+}
+
 // TestFailedReapplyKeepsThePreviousEnrolment: an AddPod with new options
 // for an enrolled pod that fails leaves the pod as it was: its record,
 // its table and its routing.

@@ -553,21 +553,17 @@ func (f *Fake) Reroute(_ context.Context, ns capture.Namespace, old, r netns.Rou
 	if err != nil {
 		return err
 	}
+	// An injected failure is the old routing's removal failing; the new
+	// routing is ensured all the same, as the kernel engine does.
 	changed := sp.removeRouting(old)
-	if injected != nil {
-		if changed {
-			f.changes++
-		}
-		return injected
-	}
 	added, err := sp.ensureRouting(r)
 	if changed || added {
 		f.changes++
 	}
 	if err != nil {
-		return fmt.Errorf("install policy routing: %w", err)
+		return errors.Join(injected, fmt.Errorf("install policy routing: %w", err))
 	}
-	return nil
+	return injected
 }
 
 // Remove deletes the table, then r's routing; absent parts are fine.

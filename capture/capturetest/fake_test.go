@@ -94,11 +94,12 @@ func TestFakeInjectedFailuresAndCounts(t *testing.T) {
 	if n := f.Calls(capturetest.OpOpen); n != 2 {
 		t.Errorf("Calls(Open) = %d, want 2", n)
 	}
-	// Only the Reroute that went through changed anything: it
-	// installed r.
+	// Only the Reroutes changed anything: the failed one still installed
+	// r (its failure is the removal's), the repeat took r out and put it
+	// back.
 	base := f.Changes()
-	if base != 1 {
-		t.Errorf("Changes = %d before any Apply, want 1", base)
+	if base != 2 {
+		t.Errorf("Changes = %d before any Apply, want 2", base)
 	}
 	if err := f.Apply(ctx, ns, rs, r); err != nil {
 		t.Fatal(err)
@@ -263,4 +264,31 @@ func TestFakeConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// A Reroute whose removal of the old routing fails still installs the new
+// one, as the kernel engine does: the two may share a route.
+func TestFakeFailedRerouteInstallsTheNewRouting(t *testing.T) {
+	f := capturetest.NewFake()
+	const path = "/run/netns/pod"
+	f.AddNamespace(path)
+	ns, err := f.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	ctx, rs, old := context.Background(), build(t, "pod-a"), netns.DefaultRouting()
+	if err := f.Apply(ctx, ns, rs, old); err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("rule delete refused")
+	f.FailNext(capturetest.OpReroute, boom)
+	shared := old
+	shared.Priority = 32001
+	if err := f.Reroute(ctx, ns, old, shared); !errors.Is(err, boom) {
+		t.Fatalf("Reroute = %v, want the injected error", err)
+	}
+	if st := f.Routing(path, shared); !st.Complete() {
+		t.Errorf("new routing after a failed Reroute: %+v; want installed", st)
+	}
 }
