@@ -65,19 +65,42 @@ func (n *Netlink) Apply(ctx context.Context, ns *netns.Handle, rs *Ruleset) erro
 		case live.Flags == 0 && sameChains(live, rs):
 			mode = flushRules
 		}
-		err = flush(c, rs, mode)
-		if err != nil && mode != replaceTable {
-			// The table changed between the look and the batch; the full
-			// replace tolerates any prior state.
-			err = flush(c, rs, replaceTable)
+		if beforeBatch != nil {
+			beforeBatch()
 		}
-		return err
+		if err := flush(c, rs, mode); err != nil {
+			if mode != replaceTable {
+				return &retryReplace{err: err}
+			}
+			return err
+		}
+		return nil
 	})
+	if retry := (*retryReplace)(nil); errors.As(err, &retry) {
+		// The table changed between the look and the batch; the full
+		// replace tolerates any prior state. It runs on fresh sockets:
+		// a refused batch may have left acks unread on the old ones,
+		// which the retry would take for its own.
+		err = ns.Netfilter(func(c *nftables.Conn, _ *nftlive.Conn) error {
+			return flush(c, rs, replaceTable)
+		})
+	}
 	if err != nil {
 		return fmt.Errorf("apply table %s in %s: %w", TableName, ns.Path(), err)
 	}
 	return nil
 }
+
+// beforeBatch, set only by tests, runs between Apply's look at the table
+// and its batch: where a concurrent change makes the batch fail.
+var beforeBatch func()
+
+// retryReplace is a batch of a cheaper mode the kernel refused, to be
+// repeated as the full replace.
+type retryReplace struct{ err error }
+
+func (e *retryReplace) Error() string { return e.err.Error() }
+func (e *retryReplace) Unwrap() error { return e.err }
 
 type applyMode int
 
