@@ -33,10 +33,10 @@ const DefaultSocket = defaults.Socket
 const ServiceName = "nftredir.v1.RedirectService"
 
 const (
-	defaultTimeout    = 10 * time.Second
-	defaultAttempts   = 5
-	defaultBackoff    = 50 * time.Millisecond
-	defaultMaxBackoff = time.Second
+	defaultTimeout    = defaults.CallTimeout
+	defaultAttempts   = defaults.CallAttempts
+	defaultBackoff    = defaults.CallBackoff
+	defaultMaxBackoff = defaults.CallMaxBackoff
 )
 
 // Option configures a Client.
@@ -60,8 +60,8 @@ func WithTimeout(d time.Duration) Option {
 
 // WithRetry sets how often a call that failed with Unavailable is tried in
 // all (1 disables retries) and the first pause between tries, which doubles
-// up to one second. The default is 5 attempts starting at 50ms, which rides
-// out a daemon restart of about two seconds.
+// up to defaults.CallMaxBackoff. The default is defaults.CallAttempts
+// tries from defaults.CallBackoff, which rides out a daemon restart.
 //
 // Retrying is safe for every RPC because every RPC of the API is idempotent;
 // Unavailable is the only code retried, because it is the only one that

@@ -341,6 +341,9 @@ func (a *Agent) work(ctx context.Context) {
 
 // isFinal: errors no retry of the same request can fix.
 func isFinal(err error) bool {
+	if err == nil {
+		return false
+	}
 	switch lifecycle.Classify(err).Kind {
 	case lifecycle.KindInvalid, lifecycle.KindPrecondition:
 		return true

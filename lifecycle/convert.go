@@ -10,7 +10,7 @@ import (
 	"github.com/nftredir/nftredir/state"
 )
 
-// toProto renders a record as the API's Pod, with every option explicit
+// podProto renders a record as the API's Pod, with every option explicit
 // (the effective options, daemon defaults filled in).
 func podProto(r *state.Record) *nftredirv1.Pod {
 	s := r.Spec

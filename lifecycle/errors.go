@@ -48,16 +48,6 @@ func Errorf(k Kind, format string, args ...any) error {
 	return &Error{Kind: k, Err: fmt.Errorf(format, args...)}
 }
 
-// KindOf returns the kind of the first Error in err's chain, and whether
-// there was one.
-func KindOf(err error) (Kind, bool) {
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Kind, true
-	}
-	return KindInternal, false
-}
-
 // OpenPathError marks a failure to open the caller's netns path, so that
 // errnos which mean "this path is unusable" (a socket, a symlink loop, a
 // name too long) are told apart from the same errnos out of netlink.

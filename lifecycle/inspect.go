@@ -35,16 +35,12 @@ func (m *Manager) openRecorded(rec *state.Record) (capture.Namespace, string, er
 
 // liveState is what a record's namespace holds right now.
 type liveState struct {
-	gone    bool
-	table   nft.Status
-	routing netns.RoutingState
-	text    string // the live table in nft syntax
-	detail  string // for people: what differs, or why it is gone
+	gone bool
+	capture.Live
+	detail string // for people: what differs, or why it is gone
 }
 
-func (l liveState) inSync() bool {
-	return !l.gone && l.table == nft.StatusInSync && l.routing.Complete()
-}
+func (l liveState) inSync() bool { return !l.gone && l.InSync() }
 
 // inspect opens the record's namespace and compares it with the record.
 func (m *Manager) inspect(ctx context.Context, rec *state.Record) (liveState, error) {
@@ -69,7 +65,7 @@ func (m *Manager) inspectHandle(ctx context.Context, h capture.Namespace, rec *s
 		return liveState{}, err
 	}
 	st, rt := live.Table, live.Routing
-	l := liveState{table: st, routing: rt, text: live.Text}
+	l := liveState{Live: live}
 	var details []string
 	switch st {
 	case nft.StatusAbsent:

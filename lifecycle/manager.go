@@ -63,8 +63,7 @@ type Config struct {
 	// enrolled pods' addresses. Nil: no node table.
 	Probe ProbeTable
 	// Policy, when set, decides which pods AddPod captures (Kubernetes
-	// mode). Nil: every AddPod is captured as requested. It may be set
-	// later with SetPolicy, before the first AddPod.
+	// mode). Nil: every AddPod is captured as requested.
 	Policy Policy
 }
 
@@ -158,10 +157,6 @@ func New(cfg Config) (*Manager, error) {
 	log.Info("state loaded", "dir", cfg.Store.Dir(), "pods", len(records))
 	return m, nil
 }
-
-// SetPolicy installs the enrolment policy, for a policy that itself needs
-// the Manager (the Kubernetes agent). Call it before the first AddPod.
-func (m *Manager) SetPolicy(p Policy) { m.policy = p }
 
 // now is the timestamp for records: UTC, so records read the same on any
 // node.

@@ -32,9 +32,6 @@ type ProbeTable interface {
 	Reconcile(ctx context.Context, pods map[string][]netip.Addr) error
 }
 
-// ZDSAcked is ZDS.State of a pod the newest proxy holds.
-const ZDSAcked = "acked"
-
 // probeAddrs are the record's pod IPs as addresses. Records hold
 // validated, normalised IPs; anything unparsable is skipped rather than
 // failing the node table for every pod.
@@ -97,7 +94,7 @@ func (m *Manager) handToProxy(ctx context.Context, log hclog.Logger, prev, rec *
 	}
 	// A repeated AddPod that changes nothing need not make the proxy
 	// rebuild the pod's listeners.
-	if state.SameIntent(prev, rec) && m.zds.State(rec.PodUID) == ZDSAcked {
+	if state.SameIntent(prev, rec) && m.zds.State(rec.PodUID) == zds.StateAcked {
 		return nil
 	}
 	if !m.zdsRequireAck {

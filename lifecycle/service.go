@@ -363,7 +363,7 @@ func (m *Manager) getPod(ctx context.Context, uid string) (*nftredirv1.GetPodRes
 	if err != nil {
 		return nil, err
 	}
-	resp.LiveRuleset = live.text
+	resp.LiveRuleset = live.Text
 	resp.Detail = live.detail
 	if rec.Removing {
 		resp.Detail = strings.TrimPrefix(resp.Detail+"; a RemovePod of the pod did not finish: a repeated RemovePod or reconcile releases it", "; ")
@@ -371,9 +371,9 @@ func (m *Manager) getPod(ctx context.Context, uid string) (*nftredirv1.GetPodRes
 	switch {
 	case live.gone:
 		resp.SyncStatus = nftredirv1.SyncStatus_SYNC_STATUS_NETNS_GONE
-	case live.table == nft.StatusAbsent:
+	case live.Table == nft.StatusAbsent:
 		resp.SyncStatus = nftredirv1.SyncStatus_SYNC_STATUS_ABSENT
-	case live.table == nft.StatusDrifted || !live.routing.Complete():
+	case live.Table == nft.StatusDrifted || !live.Routing.Complete():
 		resp.SyncStatus = nftredirv1.SyncStatus_SYNC_STATUS_DRIFTED
 	default:
 		resp.SyncStatus = nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC

@@ -117,7 +117,9 @@ type Handle struct {
 	c conns
 }
 
-// Fd is the open namespace file descriptor, valid until Close.
+// Fd is the open namespace file descriptor, valid until Close. It is read
+// without the handle's lock: a handle belongs to one call at a time, and
+// Close must not race any other use of it.
 func (h *Handle) Fd() int { return h.fd }
 
 // Path is the path the handle was opened from, for logs and records.

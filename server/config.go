@@ -18,6 +18,11 @@ import (
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
+// DefaultReconcileInterval is how often every record is checked against
+// its namespace: drift is repaired within it, at a cost of one netlink
+// read per pod and pass.
+const DefaultReconcileInterval = 30 * time.Second
+
 // Config is everything New needs. Zero values take the documented
 // defaults where one exists.
 type Config struct {
@@ -29,7 +34,7 @@ type Config struct {
 	AllowUIDs []uint32
 	AllowGIDs []uint32
 	// ReconcileInterval is the period of the background reconcile.
-	// Zero: 30s. Negative: no periodic reconcile (startup only).
+	// Zero: DefaultReconcileInterval. Negative: no periodic reconcile (startup only).
 	ReconcileInterval time.Duration
 	// Reflection registers gRPC server reflection, for grpcurl.
 	Reflection bool
@@ -78,7 +83,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	interval := cfg.ReconcileInterval
 	if interval == 0 {
-		interval = 30 * time.Second
+		interval = DefaultReconcileInterval
 	}
 	s := &Server{
 		pods:          cfg.Pods,

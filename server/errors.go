@@ -53,3 +53,7 @@ func callerNotAllowed(uid, gid uint32) error {
 func tooManyWatchers(which string) error {
 	return status.Errorf(codes.ResourceExhausted, "too many open WatchPods streams (%s); close one or share a watch", which)
 }
+
+// watcherLeft is the end of a watch whose caller went away or ran out of
+// time: Canceled or DeadlineExceeded, as grpc reports it.
+func watcherLeft(ctxErr error) error { return status.FromContextError(ctxErr).Err() }

@@ -17,7 +17,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/nftredir/nftredir/capture/capturetest"
-	"github.com/nftredir/nftredir/lifecycle"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 	"github.com/nftredir/nftredir/state"
 	"github.com/nftredir/nftredir/zds"
@@ -67,7 +66,7 @@ func (f *fakeZDS) PodAddedWait(_ context.Context, p zds.Pod) error {
 		f.states[p.UID] = "no proxy connected"
 		return f.waitErr
 	}
-	f.states[p.UID] = lifecycle.ZDSAcked
+	f.states[p.UID] = zds.StateAcked
 	return nil
 }
 
@@ -91,7 +90,7 @@ func (f *fakeZDS) State(uid string) string {
 func (f *fakeZDS) ack(uid string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.states[uid] = lifecycle.ZDSAcked
+	f.states[uid] = zds.StateAcked
 }
 
 func (f *fakeZDS) takeCalls() []string {

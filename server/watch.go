@@ -6,7 +6,6 @@ import (
 	"github.com/nftredir/nftredir/internal/podevents"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/status"
 )
 
 // stream sends first (the snapshot), then events, until the watcher
@@ -57,7 +56,7 @@ func sendWatch(s *podevents.Subscription, out grpc.ServerStreamingServer[nftredi
 		case <-s.Cut:
 			return errCut // stream has returned already
 		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
+			return watcherLeft(ctx.Err())
 		}
 	}
 }

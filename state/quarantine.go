@@ -16,15 +16,15 @@ import (
 // A record that cannot be used is moved to the quarantine directory and
 // never acted on as a record. Its pod's capture, though, may still be in
 // place, and the pod must stay releasable: RemovePod reads what it can of
-// the Quarantined bytes (the namespace path, its identity, the routing)
+// the quarantined bytes (the namespace path, its identity, the routing)
 // and removes only a table whose rule comments carry the pod's uid. Once
 // released, the file is renamed with ReleasedSuffix: kept for a person,
 // no longer reported as pending.
 
-// ReleasedSuffix marks a Quarantined record whose pod has been released.
+// ReleasedSuffix marks a quarantined record whose pod has been released.
 const ReleasedSuffix = ".released"
 
-// Quarantined is one Quarantined record whose pod was not released yet.
+// Quarantined is one quarantined record whose pod was not released yet.
 type Quarantined struct {
 	// Path is the quarantined file.
 	Path string
@@ -92,14 +92,14 @@ func salvage(data []byte) Salvaged {
 	return sv
 }
 
-// QuarantinedFor lists the Quarantined records stored under uid's name
+// QuarantinedFor lists the quarantined records stored under uid's name
 // whose pod was not released. An unreadable quarantine directory is an
 // error, so a pod that may still be captured is not reported as unknown.
 func (s *Store) QuarantinedFor(uid string) ([]Quarantined, error) {
 	return s.listQuarantined(fileName(uid)+".", uid)
 }
 
-// QuarantinedAll lists every Quarantined record not released.
+// QuarantinedAll lists every quarantined record not released.
 func (s *Store) QuarantinedAll() ([]Quarantined, error) {
 	return s.listQuarantined("", "")
 }
@@ -147,7 +147,7 @@ func (s *Store) listQuarantined(prefix, uid string) ([]Quarantined, error) {
 	return out, nil
 }
 
-// MarkReleased renames a Quarantined record once its pod is released.
+// MarkReleased renames a quarantined record once its pod is released.
 func (s *Store) MarkReleased(path string) error {
 	if err := os.Rename(path, path+ReleasedSuffix); err != nil {
 		return fmt.Errorf("mark Quarantined record released: %w", err)

@@ -96,14 +96,17 @@ type Routing struct {
 	Priority int    `json:"priority"`
 }
 
+// RoutingOf is r as recorded.
 func RoutingOf(r netns.Routing) Routing {
 	return Routing{Mark: r.Mark, Mask: r.Mask, Table: r.Table, Priority: r.Priority}
 }
 
+// Netns is the recorded routing as netns installs it.
 func (r Routing) Netns() netns.Routing {
 	return netns.Routing{Mark: r.Mark, Mask: r.Mask, Table: r.Table, Priority: r.Priority}
 }
 
+// SpecOf is s as recorded.
 func SpecOf(s nft.Spec) SpecRecord {
 	r := SpecRecord{
 		Mode:                 s.Mode.String(),
@@ -137,7 +140,7 @@ func SpecOf(s nft.Spec) SpecRecord {
 	return r
 }
 
-// spec rebuilds the nft.Spec for podUID.
+// Spec rebuilds the nft.Spec for podUID.
 func (r SpecRecord) Spec(podUID string) (nft.Spec, error) {
 	mode, err := defaults.ParseCaptureMode(r.Mode)
 	if err != nil {
@@ -188,7 +191,7 @@ func (r SpecRecord) Spec(podUID string) (nft.Spec, error) {
 	return s, nil
 }
 
-// ruleset builds the pod's ruleset from the record.
+// Ruleset builds the pod's ruleset from the record.
 func (r *Record) Ruleset() (*nft.Ruleset, error) {
 	s, err := r.Spec.Spec(r.PodUID)
 	if err != nil {
@@ -197,10 +200,10 @@ func (r *Record) Ruleset() (*nft.Ruleset, error) {
 	return nft.Build(s)
 }
 
-// netnsID parses the recorded namespace identity.
+// NamespaceID parses the recorded namespace identity.
 func (r *Record) NamespaceID() (netns.ID, error) { return netns.ParseID(r.NetnsID) }
 
-// check rejects a record that cannot be acted on; such records are set
+// Check rejects a record that cannot be acted on; such records are set
 // aside rather than half-applied.
 func (r *Record) Check() error {
 	var errs []error
@@ -227,7 +230,7 @@ func (r *Record) Check() error {
 	return errors.Join(errs...)
 }
 
-// sameIntent reports whether two records ask for the same enrolment,
+// SameIntent reports whether two records ask for the same enrolment,
 // ignoring timestamps; a re-apply with the same intent is not an event.
 func SameIntent(a, b *Record) bool {
 	if a == nil || b == nil {
@@ -236,5 +239,5 @@ func SameIntent(a, b *Record) bool {
 	x, y := *a, *b
 	x.EnrolledAt, x.UpdatedAt = time.Time{}, time.Time{}
 	y.EnrolledAt, y.UpdatedAt = time.Time{}, time.Time{}
-	return EqualJSON(&x, &y)
+	return equalJSON(&x, &y)
 }

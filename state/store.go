@@ -1,3 +1,7 @@
+// Package state is nftredird's durable intent: one JSON record per
+// enrolled pod in the state directory, written atomically and durably
+// before the kernel is touched, and the quarantine that keeps a damaged
+// record's pod releasable.
 package state
 
 import (
@@ -83,7 +87,7 @@ func isRecordName(name string) bool {
 }
 
 // Get returns the pod's record, or nil if there is none. A corrupt record
-// is Quarantined and reported as absent.
+// is quarantined and reported as absent.
 func (s *Store) Get(podUID string) (*Record, error) {
 	name := fileName(podUID)
 	r, err := s.read(name)
@@ -101,7 +105,7 @@ func (s *Store) Get(podUID string) (*Record, error) {
 	return r, nil
 }
 
-// List returns every record. Corrupt ones are Quarantined and skipped,
+// List returns every record. Corrupt ones are quarantined and skipped,
 // ones of a newer format skipped; a directory or file that cannot be read
 // is an error, so nothing is mistaken for a released pod.
 func (s *Store) List() ([]*Record, error) {
@@ -243,7 +247,7 @@ func (s *Store) Delete(podUID string) error {
 	return nil
 }
 
-func EqualJSON(a, b any) bool {
+func equalJSON(a, b any) bool {
 	x, err1 := json.Marshal(a)
 	y, err2 := json.Marshal(b)
 	return err1 == nil && err2 == nil && bytes.Equal(x, y)

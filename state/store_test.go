@@ -46,7 +46,7 @@ func TestStorePutGetDelete(t *testing.T) {
 	if err != nil || got == nil {
 		t.Fatalf("Get = %v, %v", got, err)
 	}
-	if !EqualJSON(got, rec) {
+	if !equalJSON(got, rec) {
 		t.Errorf("round trip changed the record:\n got %+v\nwant %+v", got, rec)
 	}
 	fi, err := os.Stat(filepath.Join(dir, fileName("pod-a")))

@@ -58,7 +58,7 @@ type podState struct {
 func (st podState) String() string {
 	switch st.phase {
 	case phaseAcked:
-		return "acked"
+		return StateAcked
 	case phaseNacked:
 		return "nacked: " + st.detail
 	case phaseUnavailable:

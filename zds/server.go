@@ -420,7 +420,10 @@ func (s *Server) PodRemoved(uid string) {
 	}
 }
 
-// State describes where the pod stands with the newest proxy: "acked",
+// StateAcked is State of a pod the newest proxy holds.
+const StateAcked = "acked"
+
+// State describes where the pod stands with the newest proxy: StateAcked,
 // "pending", "nacked: <message>", "netns unavailable: <error>", or "no
 // proxy connected". It is meaningful for pods the PodSource lists.
 func (s *Server) State(uid string) string {

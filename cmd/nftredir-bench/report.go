@@ -310,7 +310,7 @@ func (r *report) kernelRatio() spread {
 // from the run's own numbers.
 func (r *report) phaseNotes() string {
 	var sb strings.Builder
-	sb.WriteString("The steps are the daemon's building blocks (`netns.Guard.Open`, `nft.Build`, `server.Store`, `netns.EnsureRouting`, " +
+	sb.WriteString("The steps are the daemon's building blocks (`netns.Guard.Open`, `nft.Build`, `state.Store`, `netns.EnsureRouting`, " +
 		"`nft.Netlink.Apply`, `probe.Manager` on a namespace standing in for the node, a grpc.health.v1 Check for the round trip) called one at a time " +
 		"from this program. ")
 	total := r.phaseP50(phAddTotal)

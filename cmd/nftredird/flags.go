@@ -18,6 +18,7 @@ import (
 	"github.com/nftredir/nftredir/kube"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
+	"github.com/nftredir/nftredir/server"
 )
 
 // envPrefix starts the environment twin of every flag: --state-dir is
@@ -154,7 +155,7 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.StringVar(&o.stateDir, "state-dir", "/run/nftredir/pods", "`dir`ectory of the per-pod records; keep it on tmpfs (/run) so it lives exactly as long as the namespaces it describes")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log `level`: trace, debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log `format`: json or text")
-	fs.DurationVar(&o.reconcileInterval, "reconcile-interval", 30*time.Second, "how often every record is checked against its namespace and repaired")
+	fs.DurationVar(&o.reconcileInterval, "reconcile-interval", server.DefaultReconcileInterval, "how often every record is checked against its namespace and repaired")
 	fs.Var(&o.allowUIDs, "allow-uid", "`uids` besides root allowed to call the API (comma list)")
 	fs.Var(&o.allowGIDs, "allow-gid", "`gids` allowed to call the API; the caller's primary and supplementary groups as at connect are checked (comma list)")
 	fs.IntVar(&o.socketGroup, "socket-group", 0, "`gid` that owns the socket, whose members can connect (they still need --allow-gid or --allow-uid)")

@@ -151,10 +151,12 @@ func newProbe(ctx context.Context, opts *options, root hclog.Logger) (*probe.Man
 }
 
 // serve runs the daemon. Start order: the guard; the kernel self-test;
-// the node probe table; the server (loading records); the sockets; then,
-// inside Run, the startup reconcile (which fills the probe sets), ZDS
-// serving (so a proxy's first snapshot is the reconciled set), systemd's
-// READY=1, and health SERVING.
+// the state store; the node probe table; the lifecycle engine (loading
+// records) and the server over it; the sockets; then, inside Run, the
+// startup reconcile (which fills the probe sets), in Kubernetes mode the
+// agent bringing pods in line with the API, ZDS serving (so a proxy's
+// first snapshot is the reconciled set), systemd's READY=1, and health
+// SERVING.
 func serve(opts *options, root hclog.Logger) error {
 	protect := slices.Clone(opts.protectNetns)
 	if opts.nodeNetns != "" {
@@ -184,7 +186,7 @@ func serve(opts *options, root hclog.Logger) error {
 		RouteTable:   opts.routing.Table,
 		RulePriority: opts.routing.Priority,
 		Defaults:     &defaults,
-		Logger:       root.Named("server"),
+		Logger:       root.Named("lifecycle"),
 	}
 	cfg := server.Config{
 		Logger:            root.Named("server"),

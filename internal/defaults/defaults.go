@@ -11,7 +11,10 @@
 // imports nothing of the project, so every package may use it.
 package defaults
 
-import "net/netip"
+import (
+	"net/netip"
+	"time"
+)
 
 // Proxy ports inside the pod's namespace: ztunnel's in-pod listeners.
 const (
@@ -39,6 +42,18 @@ const MetricsPort uint16 = 15014
 // Socket is where nftredird serves its gRPC API and where callers dial
 // it. /run is tmpfs, so the socket never outlives a boot.
 const Socket = "/run/nftredir/nftredir.sock"
+
+// How callers of the API wait for the daemon: each call is bounded by
+// CallTimeout, and one refused with Unavailable (the daemon not listening,
+// restarting, or the connection lost) is tried CallAttempts times, from
+// CallBackoff doubling up to CallMaxBackoff, which rides out a restart of
+// the daemon of about two seconds.
+const (
+	CallTimeout    = 10 * time.Second
+	CallAttempts   = 5
+	CallBackoff    = 50 * time.Millisecond
+	CallMaxBackoff = time.Second
+)
 
 // Marks, as Istio's in-pod rules use them. Both live under MarkMask, the
 // low 12 bits, so other users of the packet mark keep the rest.

@@ -12,9 +12,9 @@
 // reads, over its own netlink socket.
 //
 // Both of nftredir's tables (the pod table of package nft and the node
-// table of package probe) are verified through it: only our own table is
-// listed, never every chain of the namespace. (nft's Owner, which needs
-// only the rules' comments, still lists chains through google/nftables.)
+// table of package probe) are read through it, for Verify and nft's Owner
+// alike: only our own table is listed, never every chain of the
+// namespace.
 package nftlive
 
 import (

@@ -17,28 +17,29 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/nftredir/nftredir/internal/defaults"
 )
 
-// DefaultSocket is where nftredird listens unless told otherwise (the same
-// as client.DefaultSocket; a test holds them equal).
-const DefaultSocket = "/run/nftredir/nftredir.sock"
+// DefaultSocket is where nftredird listens unless told otherwise.
+const DefaultSocket = defaults.Socket
 
 // ServiceName is the RedirectService's full name, which is also its
 // grpc.health.v1 service name.
 const ServiceName = "nftredir.v1.RedirectService"
 
 const (
-	defaultTimeout    = 10 * time.Second
-	defaultAttempts   = 5
-	defaultBackoff    = 50 * time.Millisecond
-	defaultMaxBackoff = time.Second
+	defaultTimeout    = defaults.CallTimeout
+	defaultAttempts   = defaults.CallAttempts
+	defaultBackoff    = defaults.CallBackoff
+	defaultMaxBackoff = defaults.CallMaxBackoff
 )
 
 // Client talks to one nftredird. A call that fails with Unavailable (the
 // daemon not listening, restarting, or the connection lost) is retried
-// with backoff, on a new connection, as package client does: 5 tries from
-// 50ms, doubling up to 1s, which rides out a daemon restart of about two
-// seconds, all within the timeout. Calls are serialised.
+// with backoff, on a new connection, on the same schedule as package
+// client (internal/defaults' Call*), all within the timeout. Calls are
+// serialised.
 type Client struct {
 	socket     string
 	timeout    time.Duration
