@@ -239,13 +239,21 @@ func (d *daemon) callTimes(from, to int64, method string) ([]time.Duration, erro
 }
 
 // rss is VmRSS from /proc/PID/status, in bytes.
-func rss(pid int) (int64, error) {
+func rss(pid int) (int64, error) { return statusBytes(pid, "VmRSS:") }
+
+// rssAnon is RssAnon, the part of VmRSS that is the process's own memory
+// (heap, stacks) rather than pages of the executable, which count for as
+// much of the file as the page cache holds and fault-around maps.
+func rssAnon(pid int) (int64, error) { return statusBytes(pid, "RssAnon:") }
+
+// statusBytes reads one kB field of /proc/PID/status, in bytes.
+func statusBytes(pid int, field string) (int64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
 	}
 	for line := range strings.SplitSeq(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+		if v, ok := strings.CutPrefix(line, field); ok {
 			f := strings.Fields(v)
 			if len(f) < 1 {
 				break
@@ -254,7 +262,7 @@ func rss(pid int) (int64, error) {
 			return kb << 10, err
 		}
 	}
-	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
+	return 0, fmt.Errorf("no %s in /proc/%d/status", strings.TrimSuffix(field, ":"), pid)
 }
 
 func openFDs(pid int) (int, error) {

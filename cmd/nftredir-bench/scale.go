@@ -21,6 +21,8 @@ type scaleResult struct {
 	emptyStart time.Duration // start→SERVING with no records
 	enrol      *sample       // the R AddPods that created the records
 	rss0, rssN int64         // after start with no pods; after R AddPods
+	// anon0, anonN, anonRestart: RssAnon at the same readings.
+	anon0, anonN, anonRestart int64
 	fds0, fdsN int
 	// rssRestart, fdsRestart: after a restart that reconciled R pods.
 	rssRestart int64
@@ -59,6 +61,9 @@ func (b *bench) reconcileScale(ctx context.Context) (*scaleResult, error) {
 	if res.rss0, res.fds0, err = resources(d.pid()); err != nil {
 		return nil, err
 	}
+	if res.anon0, err = rssAnon(d.pid()); err != nil {
+		return nil, err
+	}
 	res.enrol = &sample{method: mAdd(scaleConc), conc: scaleConc, lat: make([]time.Duration, r), load: loadAvg()}
 	t0 := time.Now()
 	err = parallel(ctx, r, scaleConc, func(i int) error {
@@ -73,6 +78,9 @@ func (b *bench) reconcileScale(ctx context.Context) (*scaleResult, error) {
 	}
 	b.sleep(ctx, time.Second)
 	if res.rssN, res.fdsN, err = resources(d.pid()); err != nil {
+		return nil, err
+	}
+	if res.anonN, err = rssAnon(d.pid()); err != nil {
 		return nil, err
 	}
 	b.progress("  %d pods enrolled in %v; RSS %s → %s, fds %d → %d", r, res.enrol.wall.Round(time.Millisecond), mib(res.rss0), mib(res.rssN), res.fds0, res.fdsN)
@@ -101,6 +109,9 @@ func (b *bench) reconcileScale(ctx context.Context) (*scaleResult, error) {
 		if rep == 0 {
 			b.sleep(ctx, time.Second)
 			if res.rssRestart, res.fdsRestart, err = resources(d.pid()); err != nil {
+				return nil, err
+			}
+			if res.anonRestart, err = rssAnon(d.pid()); err != nil {
 				return nil, err
 			}
 		}
