@@ -23,7 +23,7 @@ type scaleResult struct {
 	rss0, rssN int64         // after start with no pods; after R AddPods
 	// anon0, anonN, anonRestart: RssAnon at the same readings.
 	anon0, anonN, anonRestart int64
-	fds0, fdsN int
+	fds0, fdsN                int
 	// rssRestart, fdsRestart: after a restart that reconciled R pods.
 	rssRestart int64
 	fdsRestart int
