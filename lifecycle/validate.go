@@ -13,6 +13,7 @@ import (
 	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+	"github.com/nftredir/nftredir/state"
 )
 
 // Validation is hand-written here rather than generated: the messages are
@@ -283,3 +284,32 @@ func validateUID(uid string) error {
 	checkUID(&p, uid)
 	return p.err()
 }
+
+// ValidateAddPod checks an AddPod request as AddPod does, without opening
+// or touching any namespace, and returns the pod as AddPod would record
+// it: defaults filled in, lists in canonical form; the namespace identity
+// and the timestamps are left unset. The client fake answers with it, so
+// that fake and daemon cannot disagree on what a request means.
+func ValidateAddPod(req *nftredirv1.AddPodRequest, defaults nft.Spec) (*nftredirv1.Pod, error) {
+	a, err := validateAdd(req, defaults)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := nft.Build(a.spec); err != nil {
+		return nil, invalidf("options: %v", err)
+	}
+	p := podProto(&state.Record{
+		PodUID:         a.uid,
+		PodName:        a.name,
+		PodNamespace:   a.namespace,
+		NetnsPath:      a.netnsPath,
+		PodIPs:         a.podIPs,
+		ServiceAccount: a.serviceAccount,
+		Spec:           state.SpecOf(a.spec),
+	})
+	p.EnrolledAt, p.UpdatedAt = nil, nil
+	return p, nil
+}
+
+// ValidatePodUID checks the pod_uid of RemovePod and GetPod as they do.
+func ValidatePodUID(uid string) error { return validateUID(uid) }

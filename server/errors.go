@@ -57,3 +57,7 @@ func tooManyWatchers(which string) error {
 // watcherLeft is the end of a watch whose caller went away or ran out of
 // time: Canceled or DeadlineExceeded, as grpc reports it.
 func watcherLeft(ctxErr error) error { return status.FromContextError(ctxErr).Err() }
+
+// Status is the gRPC status a caller of the API gets for err, for fakes
+// of the API that must answer as the daemon does.
+func Status(err error) error { return toStatus(err) }

@@ -3,8 +3,9 @@
 // shim) without privileges or a kernel.
 //
 // The fake is a working model of the API contract, not a stub: it validates
-// requests as the daemon does, keeps records, fills in the daemon's
-// defaults (package defaults, the daemon's own source), is idempotent, and
+// requests with the daemon's own validation (lifecycle.ValidateAddPod, the
+// daemon's codes), keeps records, fills in the daemon's defaults, is
+// idempotent, and
 // streams watch events. It programs nothing and opens no namespace: every
 // absolute path names a namespace, except the node's own (/proc/1/ns/net,
 // /proc/self/ns/net and whatever ProtectNetns adds), which it refuses as
