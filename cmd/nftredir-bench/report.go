@@ -381,10 +381,10 @@ func (r *report) resourceTable() table {
 		{"started, 0 pods", m(s.rss0), m(s.anon0), fmt.Sprint(s.fds0)},
 		{fmt.Sprintf("%d pods enrolled by AddPod", s.pods), m(s.rssN), m(s.anonN), fmt.Sprint(s.fdsN)},
 		{fmt.Sprintf("restarted over %d pods (after reconcile)", s.pods), m(s.rssRestart), m(s.anonRestart), fmt.Sprint(s.fdsRestart)},
-		{fmt.Sprintf("leak check: after %d warm-up cycles", max(c.conc, r.cfg.cycles/20)), m(c.before.rss), "", fmt.Sprint(c.before.fds)},
-		{fmt.Sprintf("leak check: after %d more cycles", c.cycles), m(c.after.rss), "", fmt.Sprint(c.after.fds)},
-		{"leak check: change, last − first reading", fmt.Sprintf("%+.2f", float64(c.after.rss-c.before.rss)/(1<<20)), "", fmt.Sprintf("%+d", c.after.fds-c.before.fds)},
-		{"leak check: change, medians of the last and first 3 readings", fmt.Sprintf("%+.2f", float64(c.trend())/(1<<20)), "", ""},
+		{fmt.Sprintf("leak check: after %d warm-up cycles", max(c.conc, r.cfg.cycles/20)), "", m(c.before.rss), fmt.Sprint(c.before.fds)},
+		{fmt.Sprintf("leak check: after %d more cycles", c.cycles), "", m(c.after.rss), fmt.Sprint(c.after.fds)},
+		{"leak check: change, last − first reading", "", fmt.Sprintf("%+.2f", float64(c.after.rss-c.before.rss)/(1<<20)), fmt.Sprintf("%+d", c.after.fds-c.before.fds)},
+		{"leak check: change, medians of the last and first 3 readings", "", fmt.Sprintf("%+.2f", float64(c.trend())/(1<<20)), ""},
 	}
 	var series []string
 	for _, p := range c.series {
@@ -400,7 +400,7 @@ func (r *report) resourceTable() table {
 	t.notes = []string{
 		fmt.Sprintf("Of VmRSS, %.1f MiB at start and %.1f MiB with %d pods are pages of the executable (VmRSS − RssAnon): they count for as much of the file as the page cache holds and the kernel maps around each fault, so they move with the node's page cache, not with the daemon's work, and are shared with anything else mapping the file. The daemon's own memory grew by %.1f MiB for %d pods.",
 			float64(file0)/(1<<20), float64(fileN)/(1<<20), s.pods, float64(s.anonN-s.anon0)/(1<<20), s.pods),
-		note + fmt.Sprintf(" RSS/fds every tenth: %s.", strings.Join(series, ", ")),
+		note + fmt.Sprintf(" RssAnon/fds every tenth (the executable's pages left out, as they move with the page cache): %s.", strings.Join(series, ", ")),
 	}
 	return t
 }
@@ -473,8 +473,8 @@ func (r *report) targets() []target {
 	ts = append(ts, r.cniTargets()...)
 	c := r.res.cycles
 	grow := c.trend()
-	add(fmt.Sprintf("no RSS or fd growth over %d cycles", c.cycles), grow <= leakTolerance && c.after.fds <= c.before.fds,
-		"RSS %+.2f MiB (end − start, medians of 3 readings), fds %+d", float64(grow)/(1<<20), c.after.fds-c.before.fds)
+	add(fmt.Sprintf("no memory or fd growth over %d cycles", c.cycles), grow <= leakTolerance && c.after.fds <= c.before.fds,
+		"RssAnon %+.2f MiB (end − start, medians of 3 readings), fds %+d", float64(grow)/(1<<20), c.after.fds-c.before.fds)
 	for _, conc := range r.cfg.dpConc {
 		ratio := spreadOf(paired(r.res.dp[dpKey(dpNftredir, conc)], r.res.dp[dpKey(dpPeer, conc)], rateOf))
 		add(fmt.Sprintf("data path conn/s at parity with the iptables ruleset or better, ratio ≥ %.2f (%d concurrent)", parity, conc), ratio.med >= parity, "%s", ratioCell(ratio))
@@ -657,7 +657,7 @@ func (r *report) markdown(out, svgPath string) string {
 		"Then this program deletes every pod's table through netlink while the daemon is down, and times the restart again. After each restart the daemon's ListPods and "+
 		"every namespace's table are checked.\n", r.res.scale.pods)
 	w("- **CNI chains**: see the note under their table.\n")
-	w("- **Memory and fds**: VmRSS from /proc/PID/status and the entries of /proc/PID/fd, one second after the daemon was last busy.\n")
+	w("- **Memory and fds**: VmRSS and RssAnon from /proc/PID/status and the entries of /proc/PID/fd, one second after the daemon was last busy; the leak check compares RssAnon.\n")
 	w("- **Data path**: see the note under its table.\n")
 	w("- Statistics: p50/p99 are nearest-rank percentiles over the pods of one sample; every table shows the median over repetitions and the range [min–max]. " +
 		"Ratios are computed within each repetition, then summarised.\n\n")
