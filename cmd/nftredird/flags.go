@@ -164,7 +164,7 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.Var(&o.protectNetns, "protect-netns", "extra network namespace `paths` that must never be programmed, besides the daemon's own and PID 1's (comma list)")
 	fs.StringVar(&o.metricsAddress, "metrics-address", defaultMetricsAddress, "`host:port` of the HTTP endpoints /healthz (liveness), /readyz (readiness) and /metrics (Prometheus); the default is every address of the node, which kubelet probes on a hostNetwork pod need; empty serves none")
 	fs.Var(&o.readyFiles, "ready-file", "`paths` that must exist for /readyz to report ready, e.g. a file the CNI install step writes once the plugin is in place (comma list)")
-	fs.StringVar(&o.zdsSocket, "zds-socket", "/var/run/ztunnel/ztunnel.sock", "`path` of the ZDS socket (SOCK_SEQPACKET) ztunnel connects to for pods' namespaces; its directory is created 0750 root-owned, the socket is 0660; empty serves no ZDS")
+	fs.StringVar(&o.zdsSocket, "zds-socket", defaults.ZDSSocket, "`path` of the ZDS socket (SOCK_SEQPACKET) ztunnel connects to for pods' namespaces; its directory is created 0750 root-owned, the socket is 0660; empty serves no ZDS")
 	fs.Var(&o.zdsAllowUIDs, "zds-allow-uid", "`uids` besides root allowed on the ZDS socket, which hands out every enrolled pod's namespace (comma list); others are dropped before anything is sent")
 	fs.Var(&o.zdsAllowGIDs, "zds-allow-gid", "`gids` allowed on the ZDS socket; the caller's primary and supplementary groups as at connect are checked (comma list)")
 	fs.IntVar(&o.zdsSocketGroup, "zds-socket-group", 0, "`gid` that owns the ZDS socket and the directory the daemon creates for it, whose members can connect (they still need --zds-allow-gid or --zds-allow-uid)")

@@ -172,7 +172,7 @@ func TestProxyFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.command != "" || o.zdsSocket != "/var/run/ztunnel/ztunnel.sock" || o.zdsRequireAck || o.probeSNAT || o.nodeNetns != "" || o.kubeletUID != 0 {
+	if o.command != "" || o.zdsSocket != defaults.ZDSSocket || o.zdsRequireAck || o.probeSNAT || o.nodeNetns != "" || o.kubeletUID != 0 {
 		t.Errorf("defaults: command %q zds %q require-ack %v probe-snat %v node-netns %q kubelet-uid %d",
 			o.command, o.zdsSocket, o.zdsRequireAck, o.probeSNAT, o.nodeNetns, o.kubeletUID)
 	}

@@ -43,6 +43,10 @@ const MetricsPort uint16 = 15014
 // it. /run is tmpfs, so the socket never outlives a boot.
 const Socket = "/run/nftredir/nftredir.sock"
 
+// ZDSSocket is where ztunnel dials its node agent for pods' namespaces:
+// the path stock ztunnel uses unless told otherwise.
+const ZDSSocket = "/var/run/ztunnel/ztunnel.sock"
+
 // How callers of the API wait for the daemon: each call is bounded by
 // CallTimeout, and one refused with Unavailable (the daemon not listening,
 // restarting, or the connection lost) is tried CallAttempts times, from
