@@ -44,7 +44,7 @@ const MetricsPort uint16 = 15014
 const Socket = "/run/nftredir/nftredir.sock"
 
 // ZDSSocket is where ztunnel dials its node agent for pods' namespaces:
-// the path stock ztunnel uses unless told otherwise.
+// stock ztunnel's INPOD_UDS default.
 const ZDSSocket = "/var/run/ztunnel/ztunnel.sock"
 
 // How callers of the API wait for the daemon: each call is bounded by
