@@ -203,6 +203,13 @@ func (c *Client) once(ctx context.Context, method string, req []byte) ([]byte, e
 		c.c = cn
 	}
 	resp, err := c.c.unary(ctx, method, req)
+	if dl, ok := ctx.Deadline(); ok && CodeOf(err) == Canceled && !time.Now().Before(dl) {
+		// The daemon's end of the same deadline (the grpc-timeout it
+		// was sent) resets the stream once it passes, which can be seen
+		// before the context's own timer has fired; the call ran out of
+		// time either way.
+		err = errorf(DeadlineExceeded, "context deadline exceeded")
+	}
 	var e *Error
 	if err != nil && (!errors.As(err, &e) || e.Code == Unavailable || e.Code == Internal) || !c.c.usable() {
 		// The connection may be broken or out of step; the next call
