@@ -32,13 +32,6 @@ const DefaultSocket = defaults.Socket
 // grpc.health.v1 service name.
 const ServiceName = "nftredir.v1.RedirectService"
 
-const (
-	defaultTimeout    = defaults.CallTimeout
-	defaultAttempts   = defaults.CallAttempts
-	defaultBackoff    = defaults.CallBackoff
-	defaultMaxBackoff = defaults.CallMaxBackoff
-)
-
 // Option configures a Client.
 type Option func(*config)
 
@@ -102,10 +95,10 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 		return nil, fmt.Errorf("dial %s: %w", socketPath, err)
 	}
 	cfg := config{
-		timeout:    defaultTimeout,
-		attempts:   defaultAttempts,
-		backoff:    defaultBackoff,
-		maxBackoff: defaultMaxBackoff,
+		timeout:    defaults.CallTimeout,
+		attempts:   defaults.CallAttempts,
+		backoff:    defaults.CallBackoff,
+		maxBackoff: defaults.CallMaxBackoff,
 	}
 	for _, o := range opts {
 		o(&cfg)

@@ -28,13 +28,6 @@ const DefaultSocket = defaults.Socket
 // grpc.health.v1 service name.
 const ServiceName = "nftredir.v1.RedirectService"
 
-const (
-	defaultTimeout    = defaults.CallTimeout
-	defaultAttempts   = defaults.CallAttempts
-	defaultBackoff    = defaults.CallBackoff
-	defaultMaxBackoff = defaults.CallMaxBackoff
-)
-
 // Client talks to one nftredird. A call that fails with Unavailable (the
 // daemon not listening, restarting, or the connection lost) is retried
 // with backoff, on a new connection, on the same schedule as package
@@ -74,7 +67,7 @@ func New(socket string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{socket: abs, timeout: defaultTimeout, attempts: defaultAttempts, backoff: defaultBackoff, maxBackoff: defaultMaxBackoff}
+	c := &Client{socket: abs, timeout: defaults.CallTimeout, attempts: defaults.CallAttempts, backoff: defaults.CallBackoff, maxBackoff: defaults.CallMaxBackoff}
 	for _, o := range opts {
 		o(c)
 	}
