@@ -576,9 +576,27 @@ func (x *AddPodResponse) GetNotCapturedReason() string {
 type RemovePodRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Required. The pod_uid given to AddPod.
-	PodUid        string `protobuf:"bytes,1,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	PodUid string `protobuf:"bytes,1,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
+	// Optional. Release the pod only if it is enrolled with this netns_path.
+	// If its record names another namespace (a newer sandbox of the pod
+	// enrolled it since), nothing changes and the call fails with
+	// FAILED_PRECONDITION, so a caller tearing down an old sandbox cannot
+	// release the pod's new one. A pod that is not enrolled is still OK
+	// (existed = false).
+	NetnsPath string `protobuf:"bytes,2,opt,name=netns_path,json=netnsPath,proto3" json:"netns_path,omitempty"`
+	// Optional. The caller is about to delete the pod's namespace, as a
+	// container runtime does right after CNI DEL. The pod is released at
+	// once (its record deleted, the node proxy and watchers told) and the
+	// call returns without entering the namespace: its table and routing go
+	// with it. Removing them first would only slow the runtime's next step,
+	// since deleting the pod's network device waits for the kernel to free
+	// what the removal released. Until they are gone the namespace stays the
+	// pod's: no other pod uid can enrol it. If it still exists after a short
+	// grace period, the daemon removes them itself, and a RemovePod without
+	// namespace_teardown removes them at once.
+	NamespaceTeardown bool `protobuf:"varint,3,opt,name=namespace_teardown,json=namespaceTeardown,proto3" json:"namespace_teardown,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *RemovePodRequest) Reset() {
@@ -616,6 +634,20 @@ func (x *RemovePodRequest) GetPodUid() string {
 		return x.PodUid
 	}
 	return ""
+}
+
+func (x *RemovePodRequest) GetNetnsPath() string {
+	if x != nil {
+		return x.NetnsPath
+	}
+	return ""
+}
+
+func (x *RemovePodRequest) GetNamespaceTeardown() bool {
+	if x != nil {
+		return x.NamespaceTeardown
+	}
+	return false
 }
 
 // RemovePodResponse says whether there was anything to release.
@@ -1242,9 +1274,12 @@ const file_nftredir_v1_nftredir_proto_rawDesc = "" +
 	"\x10_service_account\"d\n" +
 	"\x0eAddPodResponse\x12\"\n" +
 	"\x03pod\x18\x01 \x01(\v2\x10.nftredir.v1.PodR\x03pod\x12.\n" +
-	"\x13not_captured_reason\x18\x02 \x01(\tR\x11notCapturedReason\"+\n" +
+	"\x13not_captured_reason\x18\x02 \x01(\tR\x11notCapturedReason\"y\n" +
 	"\x10RemovePodRequest\x12\x17\n" +
-	"\apod_uid\x18\x01 \x01(\tR\x06podUid\"-\n" +
+	"\apod_uid\x18\x01 \x01(\tR\x06podUid\x12\x1d\n" +
+	"\n" +
+	"netns_path\x18\x02 \x01(\tR\tnetnsPath\x12-\n" +
+	"\x12namespace_teardown\x18\x03 \x01(\bR\x11namespaceTeardown\"-\n" +
 	"\x11RemovePodResponse\x12\x18\n" +
 	"\aexisted\x18\x01 \x01(\bR\aexisted\"(\n" +
 	"\rGetPodRequest\x12\x17\n" +

@@ -116,8 +116,13 @@ type RedirectServiceClient interface {
 	// can still be read of the record, only a table that carries the pod's
 	// uid is removed (existed = true).
 	//
-	// Required: pod_uid. Errors: INVALID_ARGUMENT, PERMISSION_DENIED,
-	// UNAVAILABLE, INTERNAL.
+	// With netns_path, only the pod's enrolment in that namespace is
+	// released; with namespace_teardown, the namespace is left untouched for
+	// its deletion to clear (see RemovePodRequest). A CNI DEL sets both.
+	//
+	// Required: pod_uid. Errors: INVALID_ARGUMENT, FAILED_PRECONDITION (the
+	// pod is enrolled with another netns_path than the one given; nothing
+	// changed), PERMISSION_DENIED, UNAVAILABLE, INTERNAL.
 	RemovePod(ctx context.Context, in *RemovePodRequest, opts ...grpc.CallOption) (*RemovePodResponse, error)
 	// GetPod returns one pod's record together with a live check of its
 	// namespace: whether the installed table matches what the record asks for,
@@ -265,8 +270,13 @@ type RedirectServiceServer interface {
 	// can still be read of the record, only a table that carries the pod's
 	// uid is removed (existed = true).
 	//
-	// Required: pod_uid. Errors: INVALID_ARGUMENT, PERMISSION_DENIED,
-	// UNAVAILABLE, INTERNAL.
+	// With netns_path, only the pod's enrolment in that namespace is
+	// released; with namespace_teardown, the namespace is left untouched for
+	// its deletion to clear (see RemovePodRequest). A CNI DEL sets both.
+	//
+	// Required: pod_uid. Errors: INVALID_ARGUMENT, FAILED_PRECONDITION (the
+	// pod is enrolled with another netns_path than the one given; nothing
+	// changed), PERMISSION_DENIED, UNAVAILABLE, INTERNAL.
 	RemovePod(context.Context, *RemovePodRequest) (*RemovePodResponse, error)
 	// GetPod returns one pod's record together with a live check of its
 	// namespace: whether the installed table matches what the record asks for,
