@@ -65,6 +65,10 @@ type Config struct {
 	// Policy, when set, decides which pods AddPod captures (Kubernetes
 	// mode). Nil: every AddPod is captured as requested.
 	Policy Policy
+	// TeardownGrace is how long a namespace released with
+	// namespace_teardown may keep the pod's capture before the daemon
+	// removes it itself. Zero: DefaultTeardownGrace.
+	TeardownGrace time.Duration
 }
 
 // Manager is the lifecycle engine.
@@ -87,6 +91,13 @@ type Manager struct {
 	locks  *podLocks
 	owners *owners
 	watch  *podevents.Hub
+
+	teardownGrace time.Duration
+	// teardownMu protects the following fields: the one timer of the
+	// cleanup of namespaces left for teardown, and when it fires.
+	teardownMu    sync.Mutex
+	teardownTimer *time.Timer
+	teardownDue   time.Time
 }
 
 // New checks cfg and loads the ownership index from the store. It does
@@ -133,6 +144,10 @@ func New(cfg Config) (*Manager, error) {
 	if workers <= 0 {
 		workers = DefaultReconcileWorkers
 	}
+	grace := cfg.TeardownGrace
+	if grace <= 0 {
+		grace = DefaultTeardownGrace
+	}
 	m := &Manager{
 		engine:        cfg.Engine,
 		store:         cfg.Store,
@@ -148,13 +163,18 @@ func New(cfg Config) (*Manager, error) {
 		locks:         newPodLocks(),
 		owners:        newOwners(),
 		watch:         podevents.NewHub(),
+		teardownGrace: grace,
 	}
 	records, err := cfg.Store.List()
 	if err != nil {
 		return nil, fmt.Errorf("load records: %w", err)
 	}
-	m.owners.load(records, log)
-	log.Info("state loaded", "dir", cfg.Store.Dir(), "pods", len(records))
+	leftovers, err := cfg.Store.Leftovers()
+	if err != nil {
+		return nil, fmt.Errorf("load records left for teardown: %w", err)
+	}
+	m.owners.load(records, leftovers, log)
+	log.Info("state loaded", "dir", cfg.Store.Dir(), "pods", len(records), "left_for_teardown", len(leftovers))
 	return m, nil
 }
 

@@ -26,7 +26,7 @@ func newOwners() *owners { return &owners{byID: map[netns.ID]string{}} }
 
 // load indexes records; when two name one namespace the most recently
 // updated one wins and reconcile drops the other.
-func (o *owners) load(records []*state.Record, log hclog.Logger) {
+func (o *owners) load(records []*state.Record, leftovers []state.Leftover, log hclog.Logger) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	newest := map[netns.ID]*state.Record{}
@@ -54,6 +54,12 @@ func (o *owners) load(records []*state.Record, log hclog.Logger) {
 		}
 		if id, err := netns.ParseID(r.Leaving.NetnsID); err == nil && o.byID[id] == "" {
 			o.byID[id] = r.PodUID
+		}
+	}
+	// So does a namespace left for teardown, until it is settled.
+	for _, l := range leftovers {
+		if id, err := l.Record.NamespaceID(); err == nil && o.byID[id] == "" {
+			o.byID[id] = l.Record.PodUID
 		}
 	}
 }

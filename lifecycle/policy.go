@@ -120,7 +120,7 @@ func (m *Manager) validateAdmitted(orig, req *nftredirv1.AddPodRequest) (*addPod
 // wants it captured.
 func (m *Manager) leaveUncaptured(ctx context.Context, log hclog.Logger, uid, reason string) error {
 	defer m.lockProbe()()
-	existed, err := m.removePod(ctx, uid)
+	existed, err := m.removePod(ctx, uid, removal{})
 	if err != nil {
 		return fmt.Errorf("release pod %s, which the policy leaves uncaptured (%s): %w", uid, reason, err)
 	}
@@ -144,7 +144,7 @@ func (m *Manager) Release(ctx context.Context, uid string) (bool, error) {
 	}
 	defer unlock()
 	defer m.lockProbe()()
-	existed, err := m.removePod(ctx, uid)
+	existed, err := m.removePod(ctx, uid, removal{})
 	return existed, err
 }
 

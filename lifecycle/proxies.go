@@ -71,8 +71,8 @@ func (m *Manager) probeAdded(ctx context.Context, log hclog.Logger, rec *state.R
 }
 
 // released tells the node table and the node proxy that the pod is gone.
-// The record must be deleted already, so a proxy connecting meanwhile does
-// not get the pod in its snapshot.
+// The record must be deleted (or left for teardown) already, so a proxy
+// connecting meanwhile does not get the pod in its snapshot.
 func (m *Manager) released(ctx context.Context, log hclog.Logger, uid string) {
 	if m.probe != nil {
 		if err := m.probe.Remove(context.WithoutCancel(ctx), uid); err != nil {

@@ -74,6 +74,13 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileResult, error) {
 	}
 	close(jobs)
 	wg.Wait()
+	// Namespaces left for teardown that outlived their grace, after a
+	// restart too; the timer takes the ones not yet due.
+	next, failed := m.cleanLeftovers(ctx, time.Now())
+	res.Failed += failed
+	if !next.IsZero() {
+		m.scheduleTeardowns(time.Until(next))
+	}
 	m.reconcileProbe(ctx)
 	level := hclog.Debug
 	if res.Repaired+res.Dropped+res.Failed+res.Released > 0 {

@@ -153,11 +153,10 @@ func (m *Manager) stillOwns(owner string, id netns.ID) bool {
 	if err != nil {
 		return true
 	}
-	if r == nil {
-		return false
-	}
-	if rid, err := r.NamespaceID(); err != nil || rid != id {
-		return false
+	if r == nil || !sameNamespace(r, id) {
+		// Released, or moved away; but a namespace left for teardown
+		// stays the pod's until it is settled.
+		return m.leftoverHolds(owner, id)
 	}
 	h, err := m.engine.Open(r.NetnsPath)
 	if err != nil {
@@ -265,15 +264,25 @@ func (m *Manager) lockPod(ctx context.Context, uid string) (unlock func(), err e
 
 // RemovePod releases a pod for a caller of the API (a CNI DEL, an
 // operator); unknown pods and vanished namespaces are fine. It reports
-// whether the pod was enrolled.
-func (m *Manager) RemovePod(ctx context.Context, uid string) (bool, error) {
+// whether the pod was enrolled. req.NetnsPath, when set, makes the
+// release conditional on the pod being enrolled there;
+// req.NamespaceTeardown leaves the namespace to its deletion.
+func (m *Manager) RemovePod(ctx context.Context, req *nftredirv1.RemovePodRequest) (bool, error) {
+	uid := req.GetPodUid()
+	if path := req.GetNetnsPath(); path != "" {
+		var p problems
+		checkNetnsPath(&p, path)
+		if err := p.err(); err != nil {
+			return false, err
+		}
+	}
 	unlock, err := m.lockPod(ctx, uid)
 	if err != nil {
 		return false, err
 	}
 	defer unlock()
 	defer m.lockProbe()()
-	existed, err := m.removePod(ctx, uid)
+	existed, err := m.removePod(ctx, uid, removal{netnsPath: req.GetNetnsPath(), teardown: req.GetNamespaceTeardown()})
 	if err != nil {
 		return existed, err
 	}
@@ -283,13 +292,39 @@ func (m *Manager) RemovePod(ctx context.Context, uid string) (bool, error) {
 	return existed, nil
 }
 
-func (m *Manager) removePod(ctx context.Context, uid string) (bool, error) {
+// removal is how a pod is to be released.
+type removal struct {
+	// netnsPath, when set, is the only namespace the pod may be released
+	// from.
+	netnsPath string
+	// teardown leaves the namespace untouched: its runtime deletes it.
+	teardown bool
+}
+
+func (m *Manager) removePod(ctx context.Context, uid string, how removal) (bool, error) {
 	rec, err := m.store.Get(uid)
 	if err != nil {
 		return false, err
 	}
 	if rec == nil {
-		return m.releaseQuarantined(ctx, uid)
+		existed, err := m.releaseQuarantined(ctx, uid)
+		if err != nil || how.teardown {
+			return existed, err
+		}
+		// A release that may enter the namespace need not wait for the
+		// grace of an earlier one that did not.
+		return existed, m.settleLeftovers(ctx, uid)
+	}
+	if how.netnsPath != "" && rec.NetnsPath != how.netnsPath {
+		return false, Errorf(KindPrecondition, "pod %s is enrolled with netns_path %s, not %s; nothing was released", uid, rec.NetnsPath, how.netnsPath)
+	}
+	// A release already under way has recorded that it enters the
+	// namespace; it finishes that way.
+	if how.teardown && !rec.Removing {
+		if err := m.leaveForTeardown(ctx, rec); err != nil {
+			return true, err
+		}
+		return true, nil
 	}
 	if !rec.Removing {
 		marked := *rec

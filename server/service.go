@@ -37,7 +37,7 @@ func (s *Server) RemovePod(ctx context.Context, req *nftredirv1.RemovePodRequest
 		return nil, err
 	}
 	logging.AddFields(ctx, logging.Fields{"pod", req.GetPodUid()})
-	existed, err := s.pods.RemovePod(ctx, req.GetPodUid())
+	existed, err := s.pods.RemovePod(ctx, req)
 	if err != nil {
 		return nil, toStatus(err)
 	}
