@@ -493,8 +493,8 @@ func (r *report) cniNotes() string {
 	if excess := diff(bridgeIn(cniWith, "DEL"), bridgeIn(cniWithout, "DEL")); bridgeWaits(excess, bo) {
 		fmt.Fprintf(&sb, "That %.2f ms is the kernel's, and lands in bridge's exec, not in nftredir-cni's: "+
 			"deleting a network device ends in rcu_barrier(), which waits for every RCU callback queued anywhere, and the release has just "+
-			"queued some if the daemon deleted the pod's table (nf_tables frees a deleted table after a grace period) or closed netlink sockets, "+
-			"which are freed the same way. Measured apart from this run with perf on this kernel (6.18): the veth deletion's wait is in "+
+			"queued some if the daemon deleted the pod's table (nf_tables frees a deleted table after a grace period), changed a table in the node's "+
+			"namespace (its probe table's sets lose the pod's addresses, freed the same way) or closed netlink sockets. Measured apart from this run with perf on this kernel (6.18): the veth deletion's wait is in "+
 			"synchronize_rcu_expedited and rcu_barrier, and it is gone when the deletion comes 100 ms after the table's, so it is a wait, not work; "+
 			"any table deleted just before costs it, with or without base chains, conntrack, NAT or tproxy. ", excess)
 	} else {
