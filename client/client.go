@@ -154,14 +154,44 @@ func (c *Client) AddPodResponse(ctx context.Context, req *nftredirv1.AddPodReque
 
 // RemovePod releases a pod. It succeeds when the pod is not enrolled or its
 // namespace is gone; existed tells whether there was anything to release.
-func (c *Client) RemovePod(ctx context.Context, podUID string) (existed bool, err error) {
+// Options set the request's optional fields: IfNetns, NamespaceTeardown.
+func (c *Client) RemovePod(ctx context.Context, podUID string, opts ...RemoveOption) (existed bool, err error) {
+	req := &nftredirv1.RemovePodRequest{PodUid: podUID}
+	for _, o := range opts {
+		o(req)
+	}
 	resp, err := call(ctx, c, func(ctx context.Context) (*nftredirv1.RemovePodResponse, error) {
-		return c.rpc.RemovePod(ctx, &nftredirv1.RemovePodRequest{PodUid: podUID})
+		return c.rpc.RemovePod(ctx, req)
 	})
 	if err != nil {
 		return false, err
 	}
 	return resp.GetExisted(), nil
+}
+
+// RemoveOption sets an optional field of a RemovePod request.
+type RemoveOption func(*nftredirv1.RemovePodRequest)
+
+// IfNetns releases the pod only if it is enrolled with the namespace at
+// path (netns_path). If a newer sandbox of the pod enrolled it with
+// another namespace since, nothing changes and RemovePod fails with
+// FailedPrecondition; a pod that is not enrolled is still a success. A
+// caller tearing down one sandbox of a pod uses it so as never to release
+// the pod's next one.
+func IfNetns(path string) RemoveOption {
+	return func(r *nftredirv1.RemovePodRequest) { r.NetnsPath = path }
+}
+
+// NamespaceTeardown tells the daemon that the caller deletes the pod's
+// namespace right after (namespace_teardown), as a container runtime does
+// after CNI DEL: the pod is released at once, and its table and routing
+// are left to go with the namespace rather than removed first (which
+// would only make the namespace's deletion wait for the kernel). The
+// daemon removes them itself if the namespace outlives a short grace.
+// A caller that keeps the namespace, an operator among them, leaves it
+// out so that the capture is gone when RemovePod returns.
+func NamespaceTeardown() RemoveOption {
+	return func(r *nftredirv1.RemovePodRequest) { r.NamespaceTeardown = true }
 }
 
 // GetPod returns a pod's record, the live state of its namespace and its

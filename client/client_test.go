@@ -85,6 +85,33 @@ func TestRoundTrip(t *testing.T) {
 	wantCode(t, err, codes.NotFound)
 }
 
+// RemovePod's options reach the daemon as the request's fields, and the
+// precondition holds: a pod enrolled with another namespace stays.
+func TestRemovePodOptions(t *testing.T) {
+	f, c := start(t)
+	ctx := t.Context()
+	if _, err := c.AddPod(ctx, addReq("a")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.RemovePod(ctx, "a", client.IfNetns("/var/run/netns/older"), client.NamespaceTeardown())
+	wantCode(t, err, codes.FailedPrecondition)
+	if f.Pod("a") == nil {
+		t.Fatal("a RemovePod refused for its netns_path released the pod")
+	}
+	existed, err := c.RemovePod(ctx, "a", client.IfNetns("/var/run/netns/a"), client.NamespaceTeardown())
+	if err != nil || !existed || f.Pod("a") != nil {
+		t.Errorf("RemovePod with the pod's netns_path = %v, %v; want it released", existed, err)
+	}
+	reqs := f.Requests()
+	want := []*nftredirv1.RemovePodRequest{
+		{PodUid: "a", NetnsPath: "/var/run/netns/older", NamespaceTeardown: true},
+		{PodUid: "a", NetnsPath: "/var/run/netns/a", NamespaceTeardown: true},
+	}
+	if len(reqs) != 3 || !proto.Equal(reqs[1], want[0]) || !proto.Equal(reqs[2], want[1]) {
+		t.Errorf("server got %v, want AddPod then %v", reqs, want)
+	}
+}
+
 func TestRetriesUnavailable(t *testing.T) {
 	f, c := start(t, client.WithRetry(5, time.Millisecond))
 	f.Fail("AddPod", errUnavailable, errUnavailable)

@@ -237,7 +237,11 @@ func DefaultOptions() *nftredirv1.RedirectOptions {
 	}
 }
 
-// RemovePod forgets the pod; unknown pods are fine.
+// RemovePod forgets the pod; unknown pods are fine. A netns_path other
+// than the record's is refused with FailedPrecondition and changes
+// nothing. namespace_teardown releases the pod as a plain RemovePod does:
+// the fake has no namespace to leave to its deletion, and does not model
+// the daemon keeping the namespace the pod's until it is gone.
 func (f *Fake) RemovePod(_ context.Context, req *nftredirv1.RemovePodRequest) (*nftredirv1.RemovePodResponse, error) {
 	if err := validateUID(req.GetPodUid()); err != nil {
 		return nil, err
@@ -245,6 +249,9 @@ func (f *Fake) RemovePod(_ context.Context, req *nftredirv1.RemovePodRequest) (*
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	p, ok := f.pods[req.GetPodUid()]
+	if want := req.GetNetnsPath(); ok && want != "" && p.NetnsPath != want {
+		return nil, status.Errorf(codes.FailedPrecondition, "pod %s is enrolled with netns_path %s, not %s; left as it is", p.PodUid, p.NetnsPath, want)
+	}
 	if ok {
 		delete(f.pods, req.GetPodUid())
 		delete(f.sync, req.GetPodUid())

@@ -109,6 +109,25 @@ func (p *pool) remove(names []string) error {
 	return err
 }
 
+// drop deletes one namespace at once, as a container runtime does after
+// CNI DEL: in-process, unmounting and unlinking its bind mount (what `ip
+// netns del` and containerd's netns.Remove do), so that no process start
+// sits between a chain's timed calls. A namespace it fails to delete stays
+// live, for remove or removeAll to retry.
+func (p *pool) drop(name string) error {
+	path := nsPath(name)
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmount %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("delete namespace %s: %w", name, err)
+	}
+	p.mu.Lock()
+	delete(p.live, name)
+	p.mu.Unlock()
+	return nil
+}
+
 func (p *pool) removeAll() error {
 	p.mu.Lock()
 	names := make([]string, 0, len(p.live))

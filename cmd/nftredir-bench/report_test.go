@@ -157,3 +157,41 @@ func TestPeerRuleCountsMatchTheRuleset(t *testing.T) {
 		t.Errorf("peerRuleset has %d TPROXY rules, peerTProxyRules says %d", got, peerTProxyRules)
 	}
 }
+
+// The CNI notes follow the run's figures: DEL is split into the one
+// RemovePod it sends, and bridge's slower DEL is explained as a wait for
+// the kernel only in a run where it was slower.
+func TestCNINotesFollowTheRun(t *testing.T) {
+	cniRun := func(t *testing.T, bridgeDelWith time.Duration) string {
+		r := fakeRun{addP50: ms(1), inDaemon: ms(0.9), iptP50: ms(8), nftP50: ms(20), phases: kernel()}.report(t)
+		figures := map[string]time.Duration{
+			cniPluginAdd: ms(4.5), cniPluginDel: ms(3), cniVersionRun: ms(1.9), cniAddPod: ms(2), cniRemovePod: ms(0.6),
+			bridgeIn(cniWith, "DEL"): bridgeDelWith, bridgeIn(cniWithout, "DEL"): ms(17), bridgeIn(cniExecOnly, "DEL"): ms(17.1),
+		}
+		for _, chain := range []string{cniWithout, cniWith, cniExecOnly} {
+			for _, cmd := range []string{"ADD", "DEL", "ADD+DEL"} {
+				figures[cniKey(chain, cmd)] = ms(10)
+			}
+		}
+		for rep := range r.cfg.reps {
+			for m, d := range figures {
+				r.res.cni[m] = append(r.res.cni[m], &sample{method: m, rep: rep, conc: 1, lat: []time.Duration{d}, wall: d})
+			}
+		}
+		return r.cniNotes()
+	}
+	notes := cniRun(t, ms(27))
+	for _, want := range []string{"Its DEL takes 3.00 ms: 1.90 ms its exec, 0.60 ms the one RemovePod it sends", "and 0.50 ms the rest",
+		"bridge's own DEL takes 27.00 ms", "That 10.00 ms is the kernel's", "rcu_barrier()", "deleted right after its DEL"} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("notes of a run where bridge's DEL waited lack %q:\n%s", want, notes)
+		}
+	}
+	if strings.Contains(notes, "ListPods") {
+		t.Errorf("notes say DEL calls ListPods:\n%s", notes)
+	}
+	notes = cniRun(t, ms(17.3))
+	if strings.Contains(notes, "is the kernel's") || !strings.Contains(notes, "leaves bridge's DEL nothing to wait for (0.30 ms more") {
+		t.Errorf("notes of a run where bridge's DEL did not wait:\n%s", notes)
+	}
+}

@@ -91,24 +91,42 @@ Examples:
 var removeCmd = &command{
 	name:    "remove",
 	summary: "release a pod: delete its capture rules and its record",
-	args:    "POD-UID",
+	args:    "POD-UID [--netns PATH]",
 	help: `
 Deletes the pod's capture rules from its network namespace and forgets the
 pod. Removing a pod that is not enrolled, or whose namespace is already gone,
 succeeds: the output says whether there was anything to remove.
 
+With --netns, the pod is removed only if it is enrolled with that namespace;
+if it is enrolled with another one (a newer sandbox of the pod), nothing
+changes and remove fails with FailedPrecondition.
+
+The rules are deleted before remove returns. (A CNI DEL instead tells the
+daemon that the runtime deletes the namespace next and leaves the rules to go
+with it; remove has no such flag, because a person removing a pod wants its
+capture gone now, not when the namespace is.)
+
 Examples:
   nftredirctl remove 0b5c8f3e-4c1d
   nftredirctl remove --pod-uid 0b5c8f3e-4c1d
+  nftredirctl remove 0b5c8f3e-4c1d --netns /var/run/netns/cni-1234
 `,
 	flags: func(a *app, fs *flag.FlagSet) func(context.Context, *client.Client, []string) error {
 		uid := fs.String("pod-uid", "", "the pod's `UID` (or give it as the argument)")
+		netns := fs.String("netns", "", "remove the pod only if it is enrolled with the namespace at `PATH`")
 		return func(ctx context.Context, c *client.Client, args []string) error {
 			u, err := podUID(*uid, args)
 			if err != nil {
 				return err
 			}
-			existed, err := c.RemovePod(ctx, u)
+			var opts []client.RemoveOption
+			if *netns != "" {
+				opts = append(opts, client.IfNetns(*netns))
+			} else if flagGiven(fs, "netns") {
+				// Empty would quietly drop the condition asked for.
+				return usagef("--netns needs a PATH")
+			}
+			existed, err := c.RemovePod(ctx, u, opts...)
 			if err != nil {
 				return err
 			}
@@ -307,6 +325,13 @@ func podUID(flagValue string, args []string) (string, error) {
 		return flagValue, nil
 	}
 	return "", usagef("a POD-UID is required")
+}
+
+// flagGiven reports whether the command line set the flag, even to "".
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
 }
 
 // outputFlag registers -o / --output.

@@ -193,6 +193,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"get", "a", "b"}, "too many arguments"},
 		{[]string{"get", "a", "--pod-uid", "b"}, "two different pod UIDs"},
 		{[]string{"remove"}, "a POD-UID is required"},
+		{[]string{"remove", "u", "--netns", ""}, "--netns needs a PATH"},
 		{[]string{"list", "-o", "yaml"}, `"yaml" is not one of text, json`},
 		{[]string{"list", "pods"}, `unexpected argument "pods"`},
 		{[]string{"--timeout", "soon", "list"}, "invalid value"},
@@ -353,6 +354,42 @@ func TestFailures(t *testing.T) {
 		if code != exitFailed || errOut != tc.want || out != "" {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q; want exit 1, stderr %q", tc.args, code, out, errOut, tc.want)
 		}
+	}
+}
+
+// remove --netns removes the pod only from that namespace; the daemon's
+// refusal of another is reported and changes nothing.
+func TestRemoveNetns(t *testing.T) {
+	e := newEnv(t)
+	e.mustRun(t, "add", "--pod-uid", "u1", "--netns", "/var/run/netns/cni-1")
+	out, errOut, code := e.run(t, "remove", "u1", "--netns", "/var/run/netns/cni-0")
+	if code != exitFailed || out != "" || !strings.Contains(errOut, "remove failed: FailedPrecondition") || !strings.Contains(errOut, "/var/run/netns/cni-1") {
+		t.Errorf("remove with another namespace: exit %d, stdout %q, stderr %q; want exit 1 and the daemon's refusal", code, out, errOut)
+	}
+	if e.fake.Pod("u1") == nil {
+		t.Fatal("a refused remove released the pod")
+	}
+	if out := e.mustRun(t, "remove", "--netns", "/var/run/netns/cni-1", "u1"); out != "Removed pod u1.\n" {
+		t.Errorf("remove with the pod's namespace = %q", out)
+	}
+	if out := e.mustRun(t, "remove", "u1", "--netns", "/var/run/netns/cni-1"); out != "Pod u1 was not enrolled; nothing to remove.\n" {
+		t.Errorf("second remove = %q", out)
+	}
+	var sent []*nftredirv1.RemovePodRequest
+	for _, r := range e.fake.Requests() {
+		if rm, ok := r.(*nftredirv1.RemovePodRequest); ok {
+			sent = append(sent, rm)
+			if rm.GetNetnsPath() == "" || rm.GetNamespaceTeardown() {
+				t.Errorf("remove --netns sent %v; want netns_path and never namespace_teardown", rm)
+			}
+		}
+	}
+	if len(sent) != 3 {
+		t.Errorf("daemon got %d RemovePod requests, want 3", len(sent))
+	}
+	help, _, _ := e.run(t, "remove", "--help")
+	if !strings.Contains(help, "--netns PATH") || !strings.Contains(help, "wants its\ncapture gone now") {
+		t.Errorf("remove --help lacks --netns or why there is no teardown flag:\n%s", help)
 	}
 }
 

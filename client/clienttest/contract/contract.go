@@ -59,6 +59,10 @@ var cases = []struct {
 	{"AddPod bad options", addBadOptions},
 	{"AddPod namespace of another pod", addNetnsInUse},
 	{"RemovePod", remove},
+	{"RemovePod netns_path of another namespace", removeOtherNetns},
+	{"RemovePod netns_path of the pod's namespace", removeSameNetns},
+	{"RemovePod netns_path of a pod not enrolled", removeNetnsNotEnrolled},
+	{"RemovePod namespace_teardown", removeTeardown},
 	{"GetPod", get},
 	{"ListPods order", list},
 }
@@ -248,6 +252,65 @@ func remove(t *testing.T, tg Target) {
 	wantCode(t, "RemovePod of an invalid uid", err, codes.InvalidArgument)
 	_, err = tg.API.GetPod(ctx(t), &nftredirv1.GetPodRequest{PodUid: "0b6f3c1e-rm"})
 	wantCode(t, "GetPod after RemovePod", err, codes.NotFound)
+	wantEmpty(t, tg)
+}
+
+// A sandbox's teardown cannot release the pod's newer sandbox: the pod
+// stays enrolled as it was, teardown hint or not.
+func removeOtherNetns(t *testing.T, tg Target) {
+	added := mustAdd(t, tg, &nftredirv1.AddPodRequest{PodUid: "0b6f3c1e-moved", NetnsPath: tg.NewNetns(t)})
+	older := tg.NewNetns(t)
+	for _, teardown := range []bool{false, true} {
+		_, err := tg.API.RemovePod(ctx(t), &nftredirv1.RemovePodRequest{PodUid: "0b6f3c1e-moved", NetnsPath: older, NamespaceTeardown: teardown})
+		wantCode(t, fmt.Sprintf("RemovePod with another netns_path (teardown %v)", teardown), err, codes.FailedPrecondition)
+	}
+	resp, err := tg.API.GetPod(ctx(t), &nftredirv1.GetPodRequest{PodUid: "0b6f3c1e-moved"})
+	if err != nil || !proto.Equal(resp.GetPod(), added) {
+		t.Fatalf("after refused RemovePods: %v, %v; want the pod as AddPod recorded it %v", resp.GetPod(), err, added)
+	}
+	if resp.GetSyncStatus() != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC {
+		t.Errorf("sync status %s (%s) after refused RemovePods, want IN_SYNC", resp.GetSyncStatus(), resp.GetDetail())
+	}
+}
+
+func removeSameNetns(t *testing.T, tg Target) {
+	path := tg.NewNetns(t)
+	mustAdd(t, tg, &nftredirv1.AddPodRequest{PodUid: "0b6f3c1e-same", NetnsPath: path})
+	resp, err := tg.API.RemovePod(ctx(t), &nftredirv1.RemovePodRequest{PodUid: "0b6f3c1e-same", NetnsPath: path})
+	if err != nil || !resp.GetExisted() {
+		t.Fatalf("RemovePod with the pod's netns_path: existed %v, %v; want released", resp.GetExisted(), err)
+	}
+	_, err = tg.API.GetPod(ctx(t), &nftredirv1.GetPodRequest{PodUid: "0b6f3c1e-same"})
+	wantCode(t, "GetPod after RemovePod", err, codes.NotFound)
+	wantEmpty(t, tg)
+}
+
+// The precondition is on an enrolment; with none there is nothing it
+// could protect, and RemovePod stays idempotent.
+func removeNetnsNotEnrolled(t *testing.T, tg Target) {
+	path := tg.NewNetns(t)
+	for _, teardown := range []bool{false, true} {
+		resp, err := tg.API.RemovePod(ctx(t), &nftredirv1.RemovePodRequest{PodUid: "never-enrolled", NetnsPath: path, NamespaceTeardown: teardown})
+		if err != nil || resp.GetExisted() {
+			t.Errorf("RemovePod of an unknown pod with a netns_path (teardown %v): existed %v, %v; want success, not existed", teardown, resp.GetExisted(), err)
+		}
+	}
+}
+
+// namespace_teardown releases the pod at once: the caller deletes the
+// namespace next, so the pod is gone from every answer when the call
+// returns, and a repeated teardown (a runtime's second DEL) finds nothing.
+func removeTeardown(t *testing.T, tg Target) {
+	path := tg.NewNetns(t)
+	mustAdd(t, tg, &nftredirv1.AddPodRequest{PodUid: "0b6f3c1e-down", NetnsPath: path})
+	for i, want := range []bool{true, false} {
+		resp, err := tg.API.RemovePod(ctx(t), &nftredirv1.RemovePodRequest{PodUid: "0b6f3c1e-down", NetnsPath: path, NamespaceTeardown: true})
+		if err != nil || resp.GetExisted() != want {
+			t.Errorf("RemovePod with namespace_teardown #%d: existed %v, %v; want existed %v", i+1, resp.GetExisted(), err, want)
+		}
+	}
+	_, err := tg.API.GetPod(ctx(t), &nftredirv1.GetPodRequest{PodUid: "0b6f3c1e-down"})
+	wantCode(t, "GetPod after a teardown RemovePod", err, codes.NotFound)
 	wantEmpty(t, tg)
 }
 

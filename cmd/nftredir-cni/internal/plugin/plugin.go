@@ -328,8 +328,24 @@ func (p *Plugin) del(r *run, args *skel.CmdArgs) error {
 
 // release releases the pod of a DEL unless it is not this attachment's to
 // release. A nil error is DEL's success.
+//
+// It is one RemovePod, with two fields that make a check and a wait
+// unnecessary. netns_path is the namespace this attachment enrolled the
+// pod with: if a newer sandbox of the pod enrolled it since, the daemon
+// refuses with FailedPrecondition and changes nothing, without a window
+// between looking and releasing. namespace_teardown says the runtime
+// deletes the namespace right after DEL, so the daemon leaves the pod's
+// table and routing to go with it instead of deleting them first, which
+// would make the runtime's next step (the veth's deletion) wait for the
+// kernel to free them.
 func (p *Plugin) release(r *run, args *skel.CmdArgs, t target, log hclog.Logger) error {
-	if t.att == nil && t.netns == "" {
+	netns := args.Netns
+	if netns == "" && t.att != nil {
+		// A runtime's repeated DEL after removing the namespace: the
+		// record still names the one this attachment enrolled.
+		netns = t.att.Netns
+	}
+	if netns == "" {
 		// Without its record and its namespace nothing tells this
 		// attachment's pod from a newer sandbox of the same pod (a
 		// runtime's second DEL after removing the namespace). Its own
@@ -337,41 +353,27 @@ func (p *Plugin) release(r *run, args *skel.CmdArgs, t target, log hclog.Logger)
 		log.Info("no attachment record and no namespace; nothing of ours to release")
 		return nil
 	}
-	// The pod's record, not GetPod: DEL needs only the namespace the
-	// daemon has, not GetPod's live inspection of it.
-	pods, err := r.cl.ListPods(r.ctx)
-	if isGone(err) {
-		log.Warn("nftredird unreachable; treating the pod as released", "socket", r.conf.Socket, "error", err)
-		return nil
-	}
-	if err != nil {
-		return r.delError(log, t, err)
-	}
-	i := slices.IndexFunc(pods, func(pod *rpc.Pod) bool { return pod.PodUID == t.key })
-	if i < 0 {
-		log.Info("pod not enrolled; nothing to release")
-		return nil
-	}
-	enrolledNetns := pods[i].NetnsPath
-	if t.netns != "" && enrolledNetns != t.netns {
-		// A newer sandbox of the same pod enrolled it since; its capture
-		// is not this attachment's to remove.
-		log.Info("pod enrolled with another namespace since; leaving it", "ours", t.netns, "now", enrolledNetns)
-		return nil
-	}
-	if holder := r.otherHolder(t.key, enrolledNetns, args.ContainerID, args.IfName); holder != "" {
+	if holder := r.otherHolder(t.key, netns, args.ContainerID, args.IfName); holder != "" {
 		log.Info("pod still enrolled through another attachment; leaving it", "attachment", holder)
 		return nil
 	}
-	existed, err := r.cl.RemovePod(r.ctx, t.key)
-	if err != nil {
-		if isGone(err) {
-			log.Warn("nftredird unreachable; treating the pod as released", "socket", r.conf.Socket, "error", err)
-			return nil
-		}
+	existed, err := r.cl.RemovePod(r.ctx, &rpc.RemovePodRequest{PodUID: t.key, NetnsPath: netns, NamespaceTeardown: true})
+	switch {
+	case isGone(err):
+		log.Warn("nftredird unreachable; treating the pod as released", "socket", r.conf.Socket, "error", err)
+		return nil
+	case rpc.CodeOf(err) == rpc.FailedPrecondition:
+		// A newer sandbox of the same pod enrolled it since; its capture
+		// is not this attachment's to remove.
+		log.Info("pod enrolled with another namespace since; leaving it", "ours", netns, "daemon", rpc.MessageOf(err))
+		return nil
+	case err != nil:
 		return r.delError(log, t, err)
+	case !existed:
+		log.Info("pod not enrolled; nothing to release")
+	default:
+		log.Info("pod released", "netns", netns)
 	}
-	log.Info("pod released", "existed", existed)
 	return nil
 }
 
@@ -388,12 +390,12 @@ func (r *run) delError(log hclog.Logger, t target, err error) error {
 	return nil
 }
 
-// otherHolder names another attachment of this pod's current sandbox (the
-// one with the namespace the daemon has), if any: a pod attached through
-// several networks must stay enrolled until the last attachment goes.
-// Attachments of an older sandbox never DELeted do not count; they hold
-// nothing the daemon still has. The attachments of one sandbox share its
-// container id, so only that container's records are read.
+// otherHolder names another attachment of this pod in the namespace this
+// DEL releases, if any: a pod attached through several networks must stay
+// enrolled until the last attachment goes. Attachments of other
+// namespaces (an older sandbox never DELeted) do not count: the release
+// is of this namespace's enrolment only. The attachments of one sandbox
+// share its container id, so only that container's records are read.
 func (r *run) otherHolder(key, netns, containerID, ifname string) string {
 	all, err := r.atts.OfContainer(containerID)
 	if err != nil {
@@ -551,7 +553,16 @@ func (p *Plugin) gc(r *run, _ *skel.CmdArgs) error {
 			log.Info("stale attachment; pod still enrolled through a valid one, leaving it")
 			forget()
 		default:
-			if _, err := r.cl.RemovePod(r.ctx, a.PodUID); err != nil {
+			// The precondition covers the pod moving since ListPods; no
+			// teardown, because a stale sandbox's namespace may survive,
+			// and then its capture must go now.
+			_, err := r.cl.RemovePod(r.ctx, &rpc.RemovePodRequest{PodUID: a.PodUID, NetnsPath: a.Netns})
+			if rpc.CodeOf(err) == rpc.FailedPrecondition {
+				log.Info("stale attachment; pod enrolled with another namespace since, leaving it", "daemon", rpc.MessageOf(err))
+				forget()
+				continue
+			}
+			if err != nil {
 				log.Error("GC could not release pod", "error", err)
 				if firstErr == nil {
 					firstErr = daemonError(err, fmt.Sprintf("release stale pod %s", a.PodUID), r.conf.Socket)

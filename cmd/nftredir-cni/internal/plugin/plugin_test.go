@@ -355,8 +355,43 @@ func TestCNIDel(t *testing.T) {
 	e.assertNothingDone(t)
 }
 
+// removeRequests are the RemovePod requests the daemon got.
+func (e *env) removeRequests() []*nftredirv1.RemovePodRequest {
+	var out []*nftredirv1.RemovePodRequest
+	for _, r := range e.fake.Requests() {
+		if rm, ok := r.(*nftredirv1.RemovePodRequest); ok {
+			out = append(out, rm)
+		}
+	}
+	return out
+}
+
+// DEL is one RemovePod, released only if the pod is still enrolled with
+// the namespace this attachment enrolled, with the hint that the runtime
+// deletes that namespace next; it does not ask ListPods first.
+func TestCNIDelIsOneConditionalRemovePod(t *testing.T) {
+	e := newEnv(t)
+	conf := e.conf(t, "1.0.0", prevResults["1.0.0"], nil)
+	a := args(conf, "ctr1", "/run/netns/pod1", k8sArgs1)
+	e.add(t, a)
+	if err := e.p.Del(a); err != nil {
+		t.Fatal(err)
+	}
+	want := []*nftredirv1.RemovePodRequest{{PodUid: "uid-1", NetnsPath: "/run/netns/pod1", NamespaceTeardown: true}}
+	if diff := cmp.Diff(want, e.removeRequests(), protocmp.Transform()); diff != "" {
+		t.Errorf("RemovePod requests (-want +got):\n%s", diff)
+	}
+	if n := e.fake.Calls("ListPods") + e.fake.Calls("GetPod"); n != 0 {
+		t.Errorf("DEL asked the daemon for pods %d times, want none", n)
+	}
+	if e.fake.Pod("uid-1") != nil {
+		t.Error("DEL left the pod enrolled")
+	}
+}
+
 // DEL finds the pod under the key ADD used even when the runtime passes
-// no CNI_ARGS, and without a namespace (it is gone).
+// no CNI_ARGS, and without a namespace (it is gone): the record names the
+// namespace the release is conditional on.
 func TestCNIDelUsesAttachmentRecord(t *testing.T) {
 	e := newEnv(t)
 	conf := e.conf(t, "1.0.0", prevResults["1.0.0"], nil)
@@ -366,6 +401,10 @@ func TestCNIDelUsesAttachmentRecord(t *testing.T) {
 	}
 	if e.fake.Pod("uid-1") != nil {
 		t.Fatal("pod still enrolled")
+	}
+	want := []*nftredirv1.RemovePodRequest{{PodUid: "uid-1", NetnsPath: "/run/netns/pod1", NamespaceTeardown: true}}
+	if diff := cmp.Diff(want, e.removeRequests(), protocmp.Transform()); diff != "" {
+		t.Errorf("RemovePod requests (-want +got):\n%s", diff)
 	}
 }
 
@@ -391,13 +430,13 @@ func TestCNIDelErrors(t *testing.T) {
 		code   codes.Code
 		fail   bool
 	}{
-		{"ListPods", codes.Internal, true},
 		{"RemovePod", codes.Internal, true},
 		{"RemovePod", codes.Unknown, true},
 		{"RemovePod", codes.PermissionDenied, false},
 		{"RemovePod", codes.InvalidArgument, false},
 		{"RemovePod", codes.Unavailable, false},
 		{"RemovePod", codes.DeadlineExceeded, false},
+		{"RemovePod", codes.FailedPrecondition, false},
 	} {
 		t.Run(tc.method+"/"+tc.code.String(), func(t *testing.T) {
 			e := newEnv(t)
@@ -429,6 +468,12 @@ func TestCNIDelLeavesNewerSandbox(t *testing.T) {
 	}
 	if p := e.fake.Pod("uid-1"); p == nil || p.NetnsPath != "/run/netns/new" {
 		t.Fatalf("DEL of the old sandbox released the new one: %v", p)
+	}
+	if log := e.stderr.String(); !strings.Contains(log, "pod enrolled with another namespace since; leaving it") || !strings.Contains(log, "/run/netns/new") {
+		t.Errorf("log does not say the pod was left to its new namespace, with the daemon's message:\n%s", log)
+	}
+	if att, _ := (attachments{e.dataDir}).Get("net", "ctr1", "eth0"); att != nil {
+		t.Error("the old attachment's record stayed after its successful DEL")
 	}
 	// The same holds when the new sandbox's record is lost: the namespace
 	// the daemon has is not the one the old attachment enrolled.
@@ -607,6 +652,44 @@ func TestCNIGCOtherNetwork(t *testing.T) {
 	}
 	if e.fake.Pod("uid-1") == nil {
 		t.Fatal("GC of network other released a pod of network net")
+	}
+}
+
+// GC releases a stale attachment's pod only in the namespace the
+// attachment enrolled, and without the teardown hint: nobody deletes a
+// stale sandbox's namespace next, so its capture must go now.
+func TestCNIGCRemovePodIsConditional(t *testing.T) {
+	e := newEnv(t)
+	e.add(t, args(e.conf(t, "1.1.0", prevResults["1.1.0"], nil), "ctr1", "/run/netns/pod1", k8sArgs1))
+	conf := e.conf(t, "1.1.0", "", map[string]any{keyValidAttachments: []any{}})
+	if err := e.p.GC(&skel.CmdArgs{StdinData: conf, Path: "/opt/cni/bin"}); err != nil {
+		t.Fatal(err)
+	}
+	want := []*nftredirv1.RemovePodRequest{{PodUid: "uid-1", NetnsPath: "/run/netns/pod1"}}
+	if diff := cmp.Diff(want, e.removeRequests(), protocmp.Transform()); diff != "" {
+		t.Errorf("RemovePod requests (-want +got):\n%s", diff)
+	}
+	if e.fake.Pod("uid-1") != nil {
+		t.Error("GC left the stale attachment's pod enrolled")
+	}
+}
+
+// A pod that moved to another namespace between GC's ListPods and its
+// RemovePod is refused by the daemon; GC leaves it and forgets the stale
+// record, as when ListPods already showed the move.
+func TestCNIGCPodMovedMeanwhile(t *testing.T) {
+	e := newEnv(t)
+	e.add(t, args(e.conf(t, "1.1.0", prevResults["1.1.0"], nil), "ctr1", "/run/netns/pod1", k8sArgs1))
+	e.fake.Fail("RemovePod", status.Error(codes.FailedPrecondition, "pod uid-1 is enrolled with netns_path /run/netns/pod2"))
+	conf := e.conf(t, "1.1.0", "", map[string]any{keyValidAttachments: []any{}})
+	if err := e.p.GC(&skel.CmdArgs{StdinData: conf, Path: "/opt/cni/bin"}); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	if att, _ := (attachments{e.dataDir}).Get("net", "ctr1", "eth0"); att != nil {
+		t.Error("GC kept the stale record of a pod that moved")
+	}
+	if !strings.Contains(e.stderr.String(), "enrolled with another namespace since") {
+		t.Errorf("log does not say why the pod was left:\n%s", e.stderr)
 	}
 }
 

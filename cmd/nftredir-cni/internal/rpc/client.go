@@ -93,9 +93,11 @@ func (c *Client) AddPod(ctx context.Context, req *AddPodRequest) (*AddPodRespons
 	return unmarshalAddPodResponse(b)
 }
 
-// RemovePod releases a pod; existed says whether there was one.
-func (c *Client) RemovePod(ctx context.Context, podUID string) (existed bool, err error) {
-	b, err := c.call(ctx, "/nftredir.v1.RedirectService/RemovePod", marshalString(podUID))
+// RemovePod releases a pod; existed says whether there was one. With
+// req.NetnsPath set, a pod enrolled with another namespace is left alone
+// and the call fails with FailedPrecondition.
+func (c *Client) RemovePod(ctx context.Context, req *RemovePodRequest) (existed bool, err error) {
+	b, err := c.call(ctx, "/nftredir.v1.RedirectService/RemovePod", req.marshal())
 	if err != nil {
 		return false, err
 	}

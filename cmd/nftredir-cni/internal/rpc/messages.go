@@ -115,6 +115,17 @@ type AddPodRequest struct {
 	Options *Options
 }
 
+// RemovePodRequest is nftredir.v1.RemovePodRequest.
+type RemovePodRequest struct {
+	PodUID string
+	// NetnsPath, if set, releases the pod only if it is enrolled with
+	// this namespace.
+	NetnsPath string
+	// NamespaceTeardown tells the daemon the caller deletes the
+	// namespace next, so it need not enter it.
+	NamespaceTeardown bool
+}
+
 // Pod is the part of nftredir.v1.Pod the plugin reads.
 type Pod struct {
 	PodUID       string
@@ -203,8 +214,19 @@ func (r *AddPodRequest) marshal() []byte {
 	return b
 }
 
-// marshalString is a message whose only field is string 1 (RemovePod,
-// GetPod, health Check requests).
+func (r *RemovePodRequest) marshal() []byte {
+	var b []byte
+	b = appendString(b, 1, r.PodUID)
+	b = appendString(b, 2, r.NetnsPath)
+	if r.NamespaceTeardown {
+		// proto3 leaves a false bool off the wire.
+		b = appendVarintField(b, 3, 1)
+	}
+	return b
+}
+
+// marshalString is a message whose only field is string 1 (GetPod and
+// health Check requests).
 func marshalString(s string) []byte { return appendString(nil, 1, s) }
 
 // decodeErr is a response that is not the message it should be.

@@ -124,6 +124,44 @@ func TestAddPodRequestAsGenerated(t *testing.T) {
 	}
 }
 
+// What RemovePod sends is the generated message: byte for byte what the
+// generated code marshals, and what the server decodes.
+func TestRemovePodRequestAsGenerated(t *testing.T) {
+	for name, tc := range map[string]struct {
+		req  *RemovePodRequest
+		want *nftredirv1.RemovePodRequest
+	}{
+		"uid only":     {&RemovePodRequest{PodUID: "u1"}, &nftredirv1.RemovePodRequest{PodUid: "u1"}},
+		"precondition": {&RemovePodRequest{PodUID: "u2", NetnsPath: "/run/netns/b"}, &nftredirv1.RemovePodRequest{PodUid: "u2", NetnsPath: "/run/netns/b"}},
+		"teardown":     {&RemovePodRequest{PodUID: "u3", NamespaceTeardown: true}, &nftredirv1.RemovePodRequest{PodUid: "u3", NamespaceTeardown: true}},
+		"both, as a CNI DEL": {&RemovePodRequest{PodUID: "u4", NetnsPath: "/var/run/netns/cni-1234", NamespaceTeardown: true},
+			&nftredirv1.RemovePodRequest{PodUid: "u4", NetnsPath: "/var/run/netns/cni-1234", NamespaceTeardown: true}},
+		"empty": {&RemovePodRequest{}, &nftredirv1.RemovePodRequest{}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			gen, err := proto.MarshalOptions{Deterministic: true}.Marshal(tc.want)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := tc.req.marshal(); !slices.Equal(got, gen) {
+				t.Errorf("marshal = % x, generated code % x", got, gen)
+			}
+			var back nftredirv1.RemovePodRequest
+			if err := proto.Unmarshal(tc.req.marshal(), &back); err != nil || !proto.Equal(&back, tc.want) {
+				t.Errorf("decoded as %v, %v; want %v", &back, err, tc.want)
+			}
+			f, _, c := start(t)
+			_, err = c.RemovePod(t.Context(), tc.req)
+			if want := map[bool]Code{true: InvalidArgument, false: OK}[tc.want.PodUid == ""]; CodeOf(err) != want {
+				t.Errorf("RemovePod: %v, want code %s", err, want)
+			}
+			if reqs := f.Requests(); len(reqs) != 1 || !proto.Equal(reqs[0], tc.want) {
+				t.Errorf("server got %v, want %v", reqs, tc.want)
+			}
+		})
+	}
+}
+
 // Responses are decoded as the generated code decodes them, whatever
 // fields the daemon adds that the plugin does not read.
 func TestDecodeAsGenerated(t *testing.T) {
@@ -225,7 +263,7 @@ func TestCallsAgreeWithFullClient(t *testing.T) {
 	}
 
 	for _, wantExisted := range []bool{true, false} {
-		existed, err := c.RemovePod(ctx, "pod-0001")
+		existed, err := c.RemovePod(ctx, &RemovePodRequest{PodUID: "pod-0001"})
 		if err != nil || existed != wantExisted {
 			t.Errorf("RemovePod: %v, %v; want existed %v", existed, err, wantExisted)
 		}
@@ -298,7 +336,7 @@ func TestRetriesUnavailable(t *testing.T) {
 	}
 	// Other codes are not retried.
 	f.Fail("RemovePod", status.Error(codes.Internal, "boom"))
-	if _, err := c.RemovePod(t.Context(), "u"); CodeOf(err) != Internal {
+	if _, err := c.RemovePod(t.Context(), &RemovePodRequest{PodUID: "u"}); CodeOf(err) != Internal {
 		t.Errorf("RemovePod: %v, want Internal", err)
 	}
 	if n := f.Calls("RemovePod"); n != 1 {
