@@ -146,6 +146,9 @@ func newCNIWorld(t *testing.T) *cniWorld {
 		// Never the machine's own ruleset, nor /var/run/ztunnel.
 		"--probe-snat=false",
 		"--zds-socket=",
+		// cnitool deletes no namespace after DEL, as runtimes do; the
+		// daemon then removes the capture itself once this has passed.
+		"--teardown-grace", cniTeardownGrace.String(),
 	}})
 	w.socket = w.daemon.socket
 	w.client = w.daemon.client(t)
@@ -154,6 +157,9 @@ func newCNIWorld(t *testing.T) *cniWorld {
 	w.writeConflist(t, w.net+"-plain", cniPlainIP0)
 	return w
 }
+
+// cniTeardownGrace is the daemon's --teardown-grace in these tests.
+const cniTeardownGrace = time.Second
 
 func cniRandBytes(n int) []byte {
 	b := make([]byte, n)
@@ -457,14 +463,14 @@ func (w *cniWorld) testAddCheckDel(t *testing.T) {
 	// DEL tells the daemon the runtime deletes the namespace next, and
 	// the capture may be left to go with it. cnitool deletes no
 	// namespace, so the daemon must remove the capture itself once its
-	// teardown grace (10 s) has passed.
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+	// teardown grace has passed.
+	for deadline := time.Now().Add(cniTeardownGrace + 10*time.Second); ; time.Sleep(100 * time.Millisecond) {
 		table, rules := hasTable(t, p), p.IP(t, "rule", "show")
 		if !table && !strings.Contains(rules, "fwmark") {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Errorf("30 s after cnitool del of a namespace that survived: table left %v, ip rules:\n%s", table, rules)
+			t.Errorf("%s after cnitool del of a namespace that survived: table left %v, ip rules:\n%s", cniTeardownGrace+10*time.Second, table, rules)
 			break
 		}
 	}

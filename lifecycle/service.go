@@ -269,14 +269,10 @@ func (m *Manager) lockPod(ctx context.Context, uid string) (unlock func(), err e
 // req.NamespaceTeardown leaves the namespace to its deletion.
 func (m *Manager) RemovePod(ctx context.Context, req *nftredirv1.RemovePodRequest) (bool, error) {
 	uid := req.GetPodUid()
-	if path := req.GetNetnsPath(); path != "" {
-		var p problems
-		checkNetnsPath(&p, path)
-		if err := p.err(); err != nil {
-			return false, err
-		}
+	if err := ValidateRemovePod(req); err != nil {
+		return false, err
 	}
-	unlock, err := m.lockPod(ctx, uid)
+	unlock, err := m.locks.lock(ctx, uid)
 	if err != nil {
 		return false, err
 	}

@@ -311,5 +311,17 @@ func ValidateAddPod(req *nftredirv1.AddPodRequest, defaults nft.Spec) (*nftredir
 	return p, nil
 }
 
+// ValidateRemovePod checks a RemovePod request as RemovePod does: the
+// pod_uid, and netns_path when given (a precondition, but it must be a
+// path AddPod would have taken).
+func ValidateRemovePod(req *nftredirv1.RemovePodRequest) error {
+	var p problems
+	checkUID(&p, req.GetPodUid())
+	if path := req.GetNetnsPath(); path != "" {
+		checkNetnsPath(&p, path)
+	}
+	return p.err()
+}
+
 // ValidatePodUID checks the pod_uid of RemovePod and GetPod as they do.
 func ValidatePodUID(uid string) error { return validateUID(uid) }

@@ -243,7 +243,7 @@ func DefaultOptions() *nftredirv1.RedirectOptions {
 // the fake has no namespace to leave to its deletion, and does not model
 // the daemon keeping the namespace the pod's until it is gone.
 func (f *Fake) RemovePod(_ context.Context, req *nftredirv1.RemovePodRequest) (*nftredirv1.RemovePodResponse, error) {
-	if err := validateUID(req.GetPodUid()); err != nil {
+	if err := validateRemove(req); err != nil {
 		return nil, err
 	}
 	f.mu.Lock()

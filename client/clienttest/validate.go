@@ -17,3 +17,8 @@ func validateAdd(req *nftredirv1.AddPodRequest) (*nftredirv1.Pod, error) {
 
 // validateUID checks the pod_uid of RemovePod and GetPod as the daemon does.
 func validateUID(uid string) error { return server.Status(lifecycle.ValidatePodUID(uid)) }
+
+// validateRemove checks a RemovePod request as the daemon does.
+func validateRemove(req *nftredirv1.RemovePodRequest) error {
+	return server.Status(lifecycle.ValidateRemovePod(req))
+}

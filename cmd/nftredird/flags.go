@@ -16,6 +16,7 @@ import (
 
 	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/kube"
+	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 	"github.com/nftredir/nftredir/server"
@@ -48,6 +49,7 @@ type options struct {
 	logLevel          string
 	logFormat         string
 	reconcileInterval time.Duration
+	teardownGrace     time.Duration
 	allowUIDs         idList
 	allowGIDs         idList
 	socketGroup       int
@@ -156,6 +158,7 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.StringVar(&o.logLevel, "log-level", "info", "log `level`: trace, debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log `format`: json or text")
 	fs.DurationVar(&o.reconcileInterval, "reconcile-interval", server.DefaultReconcileInterval, "how often every record is checked against its namespace and repaired")
+	fs.DurationVar(&o.teardownGrace, "teardown-grace", lifecycle.DefaultTeardownGrace, "how long a namespace whose pod was released for its teardown (CNI DEL) may keep the pod's capture before nftredird removes it itself; runtimes delete it sooner")
 	fs.Var(&o.allowUIDs, "allow-uid", "`uids` besides root allowed to call the API (comma list)")
 	fs.Var(&o.allowGIDs, "allow-gid", "`gids` allowed to call the API; the caller's primary and supplementary groups as at connect are checked (comma list)")
 	fs.IntVar(&o.socketGroup, "socket-group", 0, "`gid` that owns the socket, whose members can connect (they still need --allow-gid or --allow-uid)")
@@ -288,6 +291,9 @@ func (o *options) check() error {
 	}
 	if o.reconcileInterval <= 0 {
 		bad("--reconcile-interval must be positive")
+	}
+	if o.teardownGrace <= 0 {
+		bad("--teardown-grace must be positive")
 	}
 	if o.shutdownTimeout <= 0 {
 		bad("--shutdown-timeout must be positive")

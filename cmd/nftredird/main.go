@@ -182,11 +182,12 @@ func serve(opts *options, root hclog.Logger) error {
 	}
 	defaults := opts.spec
 	pcfg := lifecycle.Config{
-		Store:        store,
-		RouteTable:   opts.routing.Table,
-		RulePriority: opts.routing.Priority,
-		Defaults:     &defaults,
-		Logger:       root.Named("lifecycle"),
+		Store:         store,
+		RouteTable:    opts.routing.Table,
+		RulePriority:  opts.routing.Priority,
+		Defaults:      &defaults,
+		Logger:        root.Named("lifecycle"),
+		TeardownGrace: opts.teardownGrace,
 	}
 	cfg := server.Config{
 		Logger:            root.Named("server"),

@@ -63,6 +63,7 @@ var cases = []struct {
 	{"RemovePod netns_path of the pod's namespace", removeSameNetns},
 	{"RemovePod netns_path of a pod not enrolled", removeNetnsNotEnrolled},
 	{"RemovePod namespace_teardown", removeTeardown},
+	{"RemovePod bad netns_path", removeBadNetns},
 	{"GetPod", get},
 	{"ListPods order", list},
 }
@@ -294,6 +295,20 @@ func removeNetnsNotEnrolled(t *testing.T, tg Target) {
 		if err != nil || resp.GetExisted() {
 			t.Errorf("RemovePod of an unknown pod with a netns_path (teardown %v): existed %v, %v; want success, not existed", teardown, resp.GetExisted(), err)
 		}
+	}
+}
+
+// A netns_path AddPod would refuse is refused here too, and releases
+// nothing.
+func removeBadNetns(t *testing.T, tg Target) {
+	path := tg.NewNetns(t)
+	mustAdd(t, tg, &nftredirv1.AddPodRequest{PodUid: "0b6f3c1e-bad", NetnsPath: path})
+	for _, bad := range []string{"relative/ns", path + "/", "/var/run/netns/a\x00b"} {
+		_, err := tg.API.RemovePod(ctx(t), &nftredirv1.RemovePodRequest{PodUid: "0b6f3c1e-bad", NetnsPath: bad, NamespaceTeardown: true})
+		wantCode(t, fmt.Sprintf("RemovePod with netns_path %q", bad), err, codes.InvalidArgument)
+	}
+	if _, err := tg.API.GetPod(ctx(t), &nftredirv1.GetPodRequest{PodUid: "0b6f3c1e-bad"}); err != nil {
+		t.Errorf("GetPod after refused RemovePods: %v; want the pod still enrolled", err)
 	}
 }
 
