@@ -265,6 +265,7 @@ func (b *bench) cniSample(ctx context.Context, d *daemon, s *cniSetup, rep int) 
 			if err := b.pool.drop(ns); err != nil {
 				return err
 			}
+			b.sleep(ctx, b.cfg.cniSettle)
 			add(cniKey(label, "ADD"), addT)
 			add(cniKey(label, "DEL"), delT)
 			add(cniKey(label, "ADD+DEL"), addT+delT)
@@ -311,6 +312,7 @@ func (b *bench) cniSample(ctx context.Context, d *daemon, s *cniSetup, rep int) 
 			if err := b.pool.drop(direct); err != nil {
 				return err
 			}
+			b.sleep(ctx, b.cfg.cniSettle)
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
@@ -498,15 +500,21 @@ func (r *report) cniNotes() string {
 			"synchronize_rcu_expedited and rcu_barrier, and it is gone when the deletion comes 100 ms after the table's, so it is a wait, not work; "+
 			"any table deleted just before costs it, with or without base chains, conntrack, NAT or tproxy. ", excess)
 	} else {
-		fmt.Fprintf(&sb, "The release leaves bridge's DEL nothing to wait for (%.2f ms more than without nftredir-cni, under the larger of %.1f ms and %.0f%% of that): "+
+		than := fmt.Sprintf("%.2f ms more than", excess)
+		if excess < 0 {
+			than = fmt.Sprintf("%.2f ms less than", -excess)
+		}
+		fmt.Fprintf(&sb, "The release leaves bridge's DEL nothing to wait for (%s without nftredir-cni, within the larger of %.1f ms and %.0f%% of that): "+
 			"deleting a network device waits for the RCU callbacks queued before it, and a table the daemon leaves to the namespace's deletion "+
-			"queues none before bridge runs. ", excess, bridgeWaitFloor, 100*bridgeWaitShare)
+			"queues none before bridge runs. ", than, bridgeWaitFloor, 100*bridgeWaitShare)
 	}
 	fmt.Fprintf(&sb, "The chains are run by libcni (github.com/containernetworking/cni/libcni, the library podman, containerd and kubelet's runtimes use) from a thread "+
 		"in the benchmark's node namespace, with libcni's cache, host-local's leases and nftredir-cni's records on the root filesystem (%s), as /var/lib is on a node; "+
 		"every plugin's exec is timed through libcni's exec hook. Each round runs one pod through each chain (ADD then DEL, rotating which chain goes first), "+
 		"one VERSION exec and one AddPod+RemovePod straight to the daemon, each on a fresh namespace that is deleted right after its DEL or RemovePod, "+
-		"untimed, as runtimes delete a pod's namespace right after CNI DEL.", diskRoot)
+		"untimed, as runtimes delete a pod's namespace right after CNI DEL; what the namespace held, bridge's veth and any table the daemon left there, "+
+		"is freed by the kernel's namespace cleanup, which runs apart from any caller. After each deletion the program pauses %v, so that no chain "+
+		"is timed while that cleanup of another's namespace holds the locks its own steps need.", diskRoot, r.cfg.cniSettle)
 	return sb.String()
 }
 

@@ -51,6 +51,7 @@ type config struct {
 	cycleConc     int
 	phasePods     int
 	cniPods       int
+	cniSettle     time.Duration
 	cniBin        string
 	onlyCNI       bool
 	// args is the command line, for the report's "how to reproduce".
@@ -97,6 +98,7 @@ func parseFlags(args []string, out io.Writer) (*config, error) {
 	fs.IntVar(&cfg.cycleConc, "cycle-conc", 8, "leak-check calls in flight")
 	fs.IntVar(&cfg.phasePods, "phase-pods", 100, "fresh namespaces for the in-process phase breakdown")
 	fs.IntVar(&cfg.cniPods, "cni-pods", 40, "pods per chain and repetition in the CNI section")
+	fs.DurationVar(&cfg.cniSettle, "cni-settle", 100*time.Millisecond, "CNI section: pause after deleting each pod's namespace, while the kernel tears it down, so no chain is timed in another's teardown")
 	fs.StringVar(&cfg.cniBin, "cni-bin", "", "directory with bridge, host-local and nftredir-cni (default: this program's)")
 	fs.BoolVar(&cfg.onlyCNI, "only-cni", false, "run only the CNI section; prints, writes nothing")
 	if err := fs.Parse(args); err != nil {
@@ -120,6 +122,7 @@ func parseFlags(args []string, out io.Writer) (*config, error) {
 			"cycle-pods":     func() { cfg.cyclePods = 4 },
 			"phase-pods":     func() { cfg.phasePods = 4 },
 			"cni-pods":       func() { cfg.cniPods = 3 },
+			"cni-settle":     func() { cfg.cniSettle = 0 },
 			// A smoke run's numbers are not a measurement: it must
 			// not overwrite the committed report unless told to.
 			"out": func() { cfg.out = "" },
