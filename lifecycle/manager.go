@@ -95,9 +95,10 @@ type Manager struct {
 	teardownGrace time.Duration
 	// teardownMu protects the following fields: the one timer of the
 	// cleanup of namespaces left for teardown, and when it fires.
-	teardownMu    sync.Mutex
-	teardownTimer *time.Timer
-	teardownDue   time.Time
+	teardownMu      sync.Mutex
+	teardownTimer   *time.Timer
+	teardownDue     time.Time
+	teardownStopped bool
 }
 
 // New checks cfg and loads the ownership index from the store. It does

@@ -56,10 +56,17 @@ func (o *owners) load(records []*state.Record, leftovers []state.Leftover, log h
 			o.byID[id] = r.PodUID
 		}
 	}
-	// So does a namespace left for teardown, until it is settled.
+	// So does a namespace left for teardown, and one its pod was moving
+	// out of when released, until the leftover is settled.
 	for _, l := range leftovers {
-		if id, err := l.Record.NamespaceID(); err == nil && o.byID[id] == "" {
-			o.byID[id] = l.Record.PodUID
+		ids := []string{l.Record.NetnsID}
+		if l.Record.Leaving != nil {
+			ids = append(ids, l.Record.Leaving.NetnsID)
+		}
+		for _, s := range ids {
+			if id, err := netns.ParseID(s); err == nil && o.byID[id] == "" {
+				o.byID[id] = l.Record.PodUID
+			}
 		}
 	}
 }

@@ -78,9 +78,7 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileResult, error) {
 	// restart too; the timer takes the ones not yet due.
 	next, failed := m.cleanLeftovers(ctx, time.Now())
 	res.Failed += failed
-	if !next.IsZero() {
-		m.scheduleTeardowns(time.Until(next))
-	}
+	m.rescheduleAfter(next, failed)
 	m.reconcileProbe(ctx)
 	level := hclog.Debug
 	if res.Repaired+res.Dropped+res.Failed+res.Released > 0 {

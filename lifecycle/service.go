@@ -156,7 +156,7 @@ func (m *Manager) stillOwns(owner string, id netns.ID) bool {
 	if r == nil || !sameNamespace(r, id) {
 		// Released, or moved away; but a namespace left for teardown
 		// stays the pod's until it is settled.
-		return m.leftoverHolds(owner, id)
+		return m.holds(owner, r, id)
 	}
 	h, err := m.engine.Open(r.NetnsPath)
 	if err != nil {
@@ -309,7 +309,7 @@ func (m *Manager) removePod(ctx context.Context, uid string, how removal) (bool,
 		}
 		// A release that may enter the namespace need not wait for the
 		// grace of an earlier one that did not.
-		return existed, m.settleLeftovers(ctx, uid)
+		return existed, m.settleLeftovers(ctx, uid, how.netnsPath)
 	}
 	if how.netnsPath != "" && rec.NetnsPath != how.netnsPath {
 		return false, Errorf(KindPrecondition, "pod %s is enrolled with netns_path %s, not %s; nothing was released", uid, rec.NetnsPath, how.netnsPath)
@@ -320,7 +320,8 @@ func (m *Manager) removePod(ctx context.Context, uid string, how removal) (bool,
 		if err := m.leaveForTeardown(ctx, rec); err != nil {
 			return true, err
 		}
-		return true, nil
+		_, err = m.releaseQuarantined(ctx, uid)
+		return true, err
 	}
 	if !rec.Removing {
 		marked := *rec
@@ -334,8 +335,14 @@ func (m *Manager) removePod(ctx context.Context, uid string, how removal) (bool,
 		return true, err
 	}
 	// A record set aside before this one was written may name another
-	// namespace that still holds the pod's capture.
-	_, err = m.releaseQuarantined(ctx, uid)
+	// namespace that still holds the pod's capture, and so may an
+	// earlier sandbox left for its teardown.
+	if _, err = m.releaseQuarantined(ctx, uid); err != nil {
+		return true, err
+	}
+	if how.netnsPath == "" {
+		err = m.settleLeftovers(ctx, uid, "")
+	}
 	return true, err
 }
 

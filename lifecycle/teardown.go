@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -29,12 +30,18 @@ const cleanupTimeout = time.Minute
 func (m *Manager) leaveForTeardown(ctx context.Context, rec *state.Record) error {
 	uid := rec.PodUID
 	log := m.log.With("pod", uid, "netns", rec.NetnsPath)
-	if err := m.store.LeaveForTeardown(uid, m.now()); err != nil {
+	moved, err := m.store.LeaveForTeardown(uid, m.now())
+	if !moved {
 		return err
 	}
+	// Moved but perhaps not durably: the pod is released either way,
+	// and a repeated call would find no record to tell anyone about.
 	m.released(ctx, log, uid)
 	m.watch.Publish(nftredirv1.EventType_EVENT_TYPE_REMOVED, podProto(rec))
 	m.scheduleTeardowns(m.teardownGrace)
+	if err != nil {
+		return err
+	}
 	log.Info("pod released; its capture goes with the namespace", "grace", m.teardownGrace)
 	return nil
 }
@@ -44,6 +51,9 @@ func (m *Manager) leaveForTeardown(ctx context.Context, rec *state.Record) error
 func (m *Manager) scheduleTeardowns(after time.Duration) {
 	m.teardownMu.Lock()
 	defer m.teardownMu.Unlock()
+	if m.teardownStopped {
+		return
+	}
 	due := time.Now().Add(after)
 	if m.teardownTimer != nil && !m.teardownDue.After(due) {
 		return
@@ -55,13 +65,35 @@ func (m *Manager) scheduleTeardowns(after time.Duration) {
 	m.teardownTimer = time.AfterFunc(after, m.runTeardowns)
 }
 
+// StopTeardowns stops the background cleanup of namespaces left for
+// teardown, for a daemon that is stopping. Nothing is lost: the leftovers
+// are durable, and the next start's reconcile settles the ones due.
+func (m *Manager) StopTeardowns() {
+	m.teardownMu.Lock()
+	defer m.teardownMu.Unlock()
+	m.teardownStopped = true
+	if m.teardownTimer != nil {
+		m.teardownTimer.Stop()
+		m.teardownTimer = nil
+	}
+}
+
 func (m *Manager) runTeardowns() {
 	m.teardownMu.Lock()
 	m.teardownTimer = nil
 	m.teardownMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
-	next, _ := m.cleanLeftovers(ctx, time.Now())
+	m.rescheduleAfter(m.cleanLeftovers(ctx, time.Now()))
+}
+
+// rescheduleAfter sets the timer after a cleanup pass: for the next
+// leftover due, or, when some could not be settled, for a retry a grace
+// from now, so that a node with no periodic reconcile retries too.
+func (m *Manager) rescheduleAfter(next time.Time, failed int) {
+	if failed > 0 && (next.IsZero() || time.Until(next) > m.teardownGrace) {
+		next = time.Now().Add(m.teardownGrace)
+	}
 	if !next.IsZero() {
 		m.scheduleTeardowns(time.Until(next))
 	}
@@ -79,7 +111,10 @@ func (m *Manager) cleanLeftovers(ctx context.Context, now time.Time) (next time.
 	}
 	for _, l := range all {
 		due := l.ReleasedAt.Add(m.teardownGrace)
-		if due.After(now) {
+		// A release stamped later than a grace from now was stamped
+		// before the clock was set back; waiting for it could take as
+		// long as the step.
+		if due.After(now) && !l.ReleasedAt.After(now.Add(m.teardownGrace)) {
 			if next.IsZero() || due.Before(next) {
 				next = due
 			}
@@ -108,16 +143,20 @@ func (m *Manager) cleanLeftover(ctx context.Context, l state.Leftover) bool {
 	return true
 }
 
-// settleLeftovers settles all of uid's leftovers now, grace or not: a
-// RemovePod without namespace_teardown means the caller wants the
-// namespace clean. The caller holds uid's lock.
-func (m *Manager) settleLeftovers(ctx context.Context, uid string) error {
+// settleLeftovers settles uid's leftovers now, grace or not, those of
+// namespace path netnsPath only when it is set: a RemovePod without
+// namespace_teardown means the caller wants the namespace clean. The
+// caller holds uid's lock.
+func (m *Manager) settleLeftovers(ctx context.Context, uid, netnsPath string) error {
 	all, err := m.store.LeftoversOf(uid)
 	if err != nil {
 		return err
 	}
 	log := m.log.With("pod", uid)
 	for _, l := range all {
+		if netnsPath != "" && l.Record.NetnsPath != netnsPath {
+			continue
+		}
 		if err := m.settleLeftover(ctx, log.With("netns", l.Record.NetnsPath), l); err != nil {
 			return err
 		}
@@ -126,50 +165,55 @@ func (m *Manager) settleLeftovers(ctx context.Context, uid string) error {
 }
 
 // settleLeftover removes a released pod's capture from the namespace it
-// was left in, if that namespace outlived its teardown, and forgets the
-// leftover. It leaves the kernel alone when the namespace is enrolled
-// again (by the same pod: the table is the new enrolment's) or when its
-// path now leads elsewhere. The caller holds the pod's lock.
+// was left in (and from one it was moving out of), if that namespace
+// outlived its teardown, and forgets the leftover. It leaves the kernel
+// alone where the pod enrolled again (the table is the new enrolment's),
+// where the path now leads elsewhere, and where another pod's table is.
+// The caller holds the pod's lock.
 func (m *Manager) settleLeftover(ctx context.Context, log hclog.Logger, l state.Leftover) error {
 	rec := l.Record
 	uid := rec.PodUID
-	id, _ := rec.NamespaceID()
+	// The listing may predate this lock: another pass or a RemovePod
+	// may have settled it since, and released what it held.
+	if pending, err := m.leftoverPending(uid, l.Path); err != nil || !pending {
+		return err
+	}
 	cur, err := m.store.Get(uid)
 	if err != nil {
 		return err
 	}
-	reenrolled := cur != nil && sameNamespace(cur, id)
-	switch {
-	case reenrolled:
-		log.Debug("namespace enrolled again by the pod; its capture is the new enrolment's")
-	case m.owners.owner(id) != "" && m.owners.owner(id) != uid:
-		log.Debug("namespace enrolled by another pod since; leaving it alone", "owner", m.owners.owner(id))
-	default:
-		if err := m.removeLeftCapture(ctx, log, rec.NetnsPath, id, rec.Routing.Netns()); err != nil {
-			return err
-		}
-	}
-	// A move the pod made just before its release may not have cleaned
-	// the namespace it left yet.
-	var leftID netns.ID
+	id, _ := rec.NamespaceID()
+	places := []leftPlace{{rec.NetnsPath, id, rec.Routing.Netns(), log}}
 	if lv := rec.Leaving; lv != nil {
-		leftID, _ = netns.ParseID(lv.NetnsID)
-		if o := m.owners.owner(leftID); (cur == nil || !sameNamespace(cur, leftID)) && (o == "" || o == uid) {
-			if err := m.removeLeftCapture(ctx, log.With("old_netns", lv.NetnsPath), lv.NetnsPath, leftID, lv.Routing.Netns()); err != nil {
-				return err
-			}
+		leftID, _ := netns.ParseID(lv.NetnsID)
+		places = append(places, leftPlace{lv.NetnsPath, leftID, lv.Routing.Netns(), log.With("old_netns", lv.NetnsPath)})
+	}
+	for _, p := range places {
+		if cur != nil && sameNamespace(cur, p.id) {
+			p.log.Debug("namespace enrolled again by the pod; its capture is the new enrolment's")
+			continue
+		}
+		if err := m.removeLeftCapture(ctx, p.log, uid, p.path, p.id, p.routing); err != nil {
+			return err
 		}
 	}
 	if err := m.store.DropLeftover(l.Path); err != nil {
 		return err
 	}
-	if !reenrolled && !m.leftoverHolds(uid, id) {
-		m.owners.release(id, uid)
-	}
-	if rec.Leaving != nil && (cur == nil || !sameNamespace(cur, leftID)) {
-		m.owners.release(leftID, uid)
+	for _, p := range places {
+		if !m.holds(uid, cur, p.id) {
+			m.owners.release(p.id, uid)
+		}
 	}
 	return nil
+}
+
+// leftPlace is a namespace a leftover may have left capture in.
+type leftPlace struct {
+	path    string
+	id      netns.ID
+	routing netns.Routing
+	log     hclog.Logger
 }
 
 func sameNamespace(rec *state.Record, id netns.ID) bool {
@@ -177,39 +221,80 @@ func sameNamespace(rec *state.Record, id netns.ID) bool {
 	return err == nil && rid == id
 }
 
-// removeLeftCapture removes the table and routing from the namespace at
-// path if it is still the namespace id.
-func (m *Manager) removeLeftCapture(ctx context.Context, log hclog.Logger, path string, id netns.ID, routing netns.Routing) error {
+// removeLeftCapture removes uid's table and routing from the namespace at
+// path if it is still the namespace id. The namespace is claimed for uid
+// first (a claim the caller releases), so that no AddPod of another pod
+// programs it between the look and the removal; one another pod holds, or
+// a table another pod's rules fill, is left alone.
+func (m *Manager) removeLeftCapture(ctx context.Context, log hclog.Logger, uid, path string, id netns.ID, routing netns.Routing) error {
+	if owner, ok := m.owners.claim(id, uid, ""); !ok {
+		log.Debug("namespace enrolled by another pod since; leaving it alone", "owner", owner)
+		return nil
+	}
 	h, err := m.open(path)
 	switch {
 	case err == nil && h.ID() == id:
 		defer h.Close()
-		if err := m.engine.Remove(ctx, h, routing); err != nil {
-			return err
-		}
-		log.Info("namespace outlived its teardown; the pod's capture is removed")
 	case err == nil:
 		h.Close()
 		log.Debug("path names another namespace now; leaving it alone", "netns_id", h.ID().String(), "recorded_netns_id", id.String())
+		return nil
 	case namespaceGone(err):
 		log.Debug("namespace gone with its capture", "error", err)
+		return nil
 	default:
 		return err
 	}
+	pod, exists, err := m.engine.Owner(ctx, h)
+	switch {
+	case err != nil:
+		return err
+	case exists && pod != uid:
+		log.Warn("namespace outlived its teardown and holds another pod's table; leaving it alone", "table_pod", pod)
+		return nil
+	}
+	if err := m.engine.Remove(ctx, h, routing); err != nil {
+		return err
+	}
+	log.Info("namespace outlived its teardown; the pod's capture is removed")
 	return nil
 }
 
-// leftoverHolds reports whether another of uid's leftovers still names
-// namespace id, which then stays uid's.
-func (m *Manager) leftoverHolds(uid string, id netns.ID) bool {
+// leftoverPending reports whether the leftover at path is still there.
+func (m *Manager) leftoverPending(uid, path string) (bool, error) {
 	rest, err := m.store.LeftoversOf(uid)
 	if err != nil {
-		return true // keep the claim; the next pass settles it
+		return false, err
 	}
-	for _, l := range rest {
-		if lid, _ := l.Record.NamespaceID(); lid == id {
+	return slices.ContainsFunc(rest, func(l state.Leftover) bool { return l.Path == path }), nil
+}
+
+// holds reports whether uid still has a reason to own namespace id: its
+// record (cur) names it or is moving out of it, or another of its
+// leftovers does. When that cannot be read it says yes: a claim kept is
+// settled by the next pass, one dropped early could hand the namespace to
+// a pod whose rules a cleanup then removes.
+func (m *Manager) holds(uid string, cur *state.Record, id netns.ID) bool {
+	names := func(r *state.Record) bool {
+		if sameNamespace(r, id) {
 			return true
 		}
+		lid, err := netns.ParseID(leavingID(r))
+		return err == nil && lid == id
 	}
-	return false
+	if cur != nil && names(cur) {
+		return true
+	}
+	rest, err := m.store.LeftoversOf(uid)
+	if err != nil {
+		return true
+	}
+	return slices.ContainsFunc(rest, func(l state.Leftover) bool { return names(l.Record) })
+}
+
+func leavingID(r *state.Record) string {
+	if r.Leaving == nil {
+		return ""
+	}
+	return r.Leaving.NetnsID
 }

@@ -204,6 +204,7 @@ func (s *Server) shutdown(gs *grpc.Server, timeout time.Duration) {
 	// Health watches and WatchPods would hold GracefulStop forever.
 	s.health.Shutdown()
 	s.pods.CloseWatches()
+	s.pods.StopTeardowns()
 	done := make(chan struct{})
 	go func() {
 		gs.GracefulStop()

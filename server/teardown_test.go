@@ -159,11 +159,16 @@ func TestTeardownReleasesWithoutEnteringTheNamespace(t *testing.T) {
 // teardown, so the capture is removed when the grace ends, with no call.
 func TestTeardownGraceRemovesWhatOutlivesIt(t *testing.T) {
 	onEngines(t, func(t *testing.T, w *world) {
-		ts := startServer(t, true, withWorld(w), withTeardownGrace(200*time.Millisecond))
+		grace := 2 * time.Second
+		ts := startServer(t, true, withWorld(w), withTeardownGrace(grace))
 		ns := ts.newNS(t)
 		ts.mustAdd(t, "pod-1", ns)
+		released := time.Now()
 		if _, err := ts.remove(t, &nftredirv1.RemovePodRequest{PodUid: "pod-1", NamespaceTeardown: true}); err != nil {
 			t.Fatal(err)
+		}
+		if st := ts.look(t, ns); !st.captured() && time.Since(released) < grace {
+			t.Fatalf("the capture went before the grace ended: %+v", st)
 		}
 		ts.waitSettled(t, ns)
 		ts.mustAdd(t, "pod-2", ns)
@@ -180,11 +185,11 @@ func TestTeardownOfADeletedNamespace(t *testing.T) {
 		if _, err := ts.remove(t, &nftredirv1.RemovePodRequest{PodUid: "pod-1", NamespaceTeardown: true}); err != nil {
 			t.Fatal(err)
 		}
-		w.DeleteNamespace(t, ns)
 		removes := 0
 		if w.fake != nil {
 			removes = w.fake.Calls(capturetest.OpRemove)
 		}
+		w.DeleteNamespace(t, ns)
 		waitFor(t, func() bool { return ts.leftovers(t) == 0 })
 		if w.fake != nil && w.fake.Calls(capturetest.OpRemove) != removes {
 			t.Errorf("settling a deleted namespace called Remove")
@@ -196,27 +201,133 @@ func TestTeardownOfADeletedNamespace(t *testing.T) {
 }
 
 // TestTeardownThenReenrol: the runtime DELs and ADDs the same sandbox (a
-// retried ADD). The grace must not take the new enrolment's capture.
+// retried ADD) before the grace ends. Settling the leftover must not take
+// the new enrolment's capture, nor free the namespace the pod holds again.
 func TestTeardownThenReenrol(t *testing.T) {
 	onEngines(t, func(t *testing.T, w *world) {
-		ts := startServer(t, true, withWorld(w), withTeardownGrace(100*time.Millisecond))
+		dir := filepath.Join(t.TempDir(), "pods")
+		ts := startServer(t, true, withWorld(w), withStateDir(dir), withTeardownGrace(time.Hour))
 		ns := ts.newNS(t)
 		ts.mustAdd(t, "pod-1", ns)
 		if _, err := ts.remove(t, &nftredirv1.RemovePodRequest{PodUid: "pod-1", NetnsPath: ns, NamespaceTeardown: true}); err != nil {
 			t.Fatal(err)
 		}
 		ts.mustAdd(t, "pod-1", ns)
+		ts.stop()
+		// Restarted past the grace: the start-up reconcile settles the
+		// leftover while the pod is enrolled in its namespace again.
+		ts = startServer(t, true, withWorld(w), withStateDir(dir), withTeardownGrace(time.Nanosecond))
 		waitFor(t, func() bool { return ts.leftovers(t) == 0 })
 		if st := ts.look(t, ns); !st.captured() {
-			t.Fatalf("the grace removed the new enrolment's capture: %+v", st)
+			t.Fatalf("settling removed the new enrolment's capture: %+v", st)
 		}
 		if got := ts.get(t, "pod-1"); got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC {
 			t.Errorf("re-enrolled pod: %v %q", got.SyncStatus, got.Detail)
 		}
 		if _, err := ts.add(t, "pod-2", ns); status.Code(err) != codes.FailedPrecondition {
-			t.Errorf("the settled leftover freed the namespace the pod holds again: AddPod of another pod = %v", err)
+			t.Errorf("settling freed the namespace the pod holds again: AddPod of another pod = %v", err)
 		}
 	})
+}
+
+// TestTeardownThenEnrolElsewhere: the pod's next sandbox is another
+// namespace. The old one is cleaned when settled; the new one stays the
+// pod's.
+func TestTeardownThenEnrolElsewhere(t *testing.T) {
+	onEngines(t, func(t *testing.T, w *world) {
+		dir := filepath.Join(t.TempDir(), "pods")
+		ts := startServer(t, true, withWorld(w), withStateDir(dir), withTeardownGrace(time.Hour))
+		oldNS, newNS := ts.newNS(t), ts.newNS(t)
+		ts.mustAdd(t, "pod-1", oldNS)
+		if _, err := ts.remove(t, &nftredirv1.RemovePodRequest{PodUid: "pod-1", NetnsPath: oldNS, NamespaceTeardown: true}); err != nil {
+			t.Fatal(err)
+		}
+		ts.mustAdd(t, "pod-1", newNS)
+		if _, err := ts.add(t, "pod-2", oldNS); status.Code(err) != codes.FailedPrecondition {
+			t.Errorf("AddPod of another pod into the old namespace before it is settled = %v; want FailedPrecondition", err)
+		}
+		// A late DEL of the old sandbox changes nothing.
+		if _, err := ts.remove(t, &nftredirv1.RemovePodRequest{PodUid: "pod-1", NetnsPath: oldNS, NamespaceTeardown: true}); status.Code(err) != codes.FailedPrecondition {
+			t.Fatalf("RemovePod naming the old namespace = %v; want FailedPrecondition (the pod is enrolled in the new one)", err)
+		}
+		ts.stop()
+		ts = startServer(t, true, withWorld(w), withStateDir(dir), withTeardownGrace(time.Nanosecond))
+		ts.waitSettled(t, oldNS)
+		if st := ts.look(t, newNS); !st.captured() {
+			t.Fatalf("the new enrolment lost its capture: %+v", st)
+		}
+		if _, err := ts.add(t, "pod-3", newNS); status.Code(err) != codes.FailedPrecondition {
+			t.Errorf("settling the old namespace freed the new one: AddPod of another pod = %v", err)
+		}
+		ts.mustAdd(t, "pod-2", oldNS)
+	})
+}
+
+// TestTeardownSettleLeavesAnotherPodsTable: a failed re-enrolment of the
+// pod in its leftover's namespace is rolled back; whether or not another
+// pod may take the namespace then, settling the leftover never removes
+// that pod's capture.
+func TestTeardownSettleLeavesAnotherPodsTable(t *testing.T) {
+	w := fakeWorld(t)
+	ts := startServer(t, true, withWorld(w), withTeardownGrace(time.Hour))
+	ns := ts.newNS(t)
+	ts.mustAdd(t, "pod-1", ns)
+	if _, err := ts.remove(t, &nftredirv1.RemovePodRequest{PodUid: "pod-1", NamespaceTeardown: true}); err != nil {
+		t.Fatal(err)
+	}
+	w.fake.FailNext(capturetest.OpApply, errInjected)
+	if _, err := ts.add(t, "pod-1", ns); err == nil {
+		t.Fatal("AddPod with a failing engine succeeded")
+	}
+	_, addErr := ts.add(t, "pod-2", ns)
+	if addErr != nil && status.Code(addErr) != codes.FailedPrecondition {
+		t.Fatalf("AddPod of another pod = %v; want success or FailedPrecondition", addErr)
+	}
+	if _, err := ts.remove(t, &nftredirv1.RemovePodRequest{PodUid: "pod-1"}); err != nil {
+		t.Fatalf("plain RemovePod settling the leftover: %v", err)
+	}
+	if ts.leftovers(t) != 0 {
+		t.Errorf("%d left for teardown after a plain RemovePod", ts.leftovers(t))
+	}
+	if addErr == nil {
+		if got := ts.get(t, "pod-2"); got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC {
+			t.Fatalf("settling pod-1's leftover took pod-2's capture: %v %q", got.SyncStatus, got.Detail)
+		}
+		return
+	}
+	ts.mustAdd(t, "pod-2", ns)
+}
+
+// TestTeardownTwiceInOneNamespace: the pod is released, enrolled again
+// and released again in one namespace within the grace. The namespace
+// stays the pod's until the last leftover is settled.
+func TestTeardownTwiceInOneNamespace(t *testing.T) {
+	ts := startServer(t, true, withTeardownGrace(time.Hour))
+	ns := ts.newNS(t)
+	for range 2 {
+		ts.mustAdd(t, "pod-1", ns)
+		if _, err := ts.remove(t, &nftredirv1.RemovePodRequest{PodUid: "pod-1", NamespaceTeardown: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := ts.leftovers(t); n != 2 {
+		t.Fatalf("%d left for teardown, want 2", n)
+	}
+	all, err := ts.pods.Store().Leftovers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Drop the older by hand, as a settle of it alone would.
+	if err := ts.pods.Store().DropLeftover(all[0].Path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ts.add(t, "pod-2", ns); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("AddPod of another pod while a leftover remains = %v; want FailedPrecondition", err)
+	}
+	if _, err := ts.remove(t, &nftredirv1.RemovePodRequest{PodUid: "pod-1"}); err != nil {
+		t.Fatal(err)
+	}
+	ts.mustAdd(t, "pod-2", ns)
 }
 
 // TestTeardownSurvivesRestart: a daemon restarted before the grace ends

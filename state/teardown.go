@@ -43,29 +43,38 @@ type Leftover struct {
 // LeaveForTeardown releases the pod's record without forgetting its
 // namespace: the record moves to TeardownDir, stamped with at. After a
 // crash the record is in one place or the other, never lost and never in
-// both; a pod with no record is fine (nothing moves, no error).
-func (s *Store) LeaveForTeardown(podUID string, at time.Time) error {
+// both. moved says whether the record left the pod's name, even when err
+// says that making the move durable failed: the pod is released then,
+// and its caller must act on it. A pod with no record is fine (nothing
+// moves, no error).
+func (s *Store) LeaveForTeardown(podUID string, at time.Time) (moved bool, err error) {
 	dir := filepath.Join(s.dir, TeardownDir)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("create %s: %w", dir, err)
+	if err := os.Mkdir(dir, 0o700); err == nil {
+		// The directory's own entry first, or a power loss after the
+		// rename could take the directory and the record with it.
+		if err := durable.SyncDir(s.dir); err != nil {
+			return false, fmt.Errorf("create %s: %w", dir, err)
+		}
+	} else if !errors.Is(err, fs.ErrExist) {
+		return false, fmt.Errorf("create %s: %w", dir, err)
 	}
 	name := fileName(podUID)
 	dst := filepath.Join(dir, name+"."+at.UTC().Format(stampLayout))
 	if err := os.Rename(filepath.Join(s.dir, name), dst); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil
+			return false, nil
 		}
-		return fmt.Errorf("move record of pod %s to %s: %w", podUID, dir, err)
+		return false, fmt.Errorf("move record of pod %s to %s: %w", podUID, dir, err)
 	}
 	// The new name first: were only the old directory synced, a power
 	// loss could leave the record in neither.
 	if err := durable.SyncDir(dir); err != nil {
-		return fmt.Errorf("move record of pod %s: %w", podUID, err)
+		return true, fmt.Errorf("move record of pod %s: %w", podUID, err)
 	}
 	if err := durable.SyncDir(s.dir); err != nil {
-		return fmt.Errorf("move record of pod %s: %w", podUID, err)
+		return true, fmt.Errorf("move record of pod %s: %w", podUID, err)
 	}
-	return nil
+	return true, nil
 }
 
 // Leftovers lists the records left for teardown, oldest first. One that

@@ -13,16 +13,16 @@ func TestLeaveForTeardown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.LeaveForTeardown("never-enrolled", time.Now()); err != nil {
-		t.Errorf("leaving a pod with no record: %v", err)
+	if moved, err := s.LeaveForTeardown("never-enrolled", time.Now()); moved || err != nil {
+		t.Errorf("leaving a pod with no record: moved %v, %v", moved, err)
 	}
 	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	for i, uid := range []string{"b", "a", "b"} {
 		if err := s.Put(testRecord(uid)); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.LeaveForTeardown(uid, t0.Add(time.Duration(-i)*time.Minute)); err != nil {
-			t.Fatal(err)
+		if moved, err := s.LeaveForTeardown(uid, t0.Add(time.Duration(-i)*time.Minute)); !moved || err != nil {
+			t.Fatal(moved, err)
 		}
 		if r, err := s.Get(uid); err != nil || r != nil {
 			t.Fatalf("record of %s after leaving it: %v, %v", uid, r, err)
