@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -17,6 +19,7 @@ import (
 	"github.com/nftredir/nftredir/internal/nstest"
 	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+	nftstate "github.com/nftredir/nftredir/state"
 )
 
 // crashPod is one pod of TestDaemonCrash. The first few have a peer, the
@@ -43,8 +46,10 @@ func (o opOutcome) String() string {
 // crashOp is one AddPod or RemovePod of a burst, with when it was sent and
 // when its reply (or failure) came back.
 type crashOp struct {
-	pod        int
-	add        bool
+	pod int
+	add bool
+	// teardown: a RemovePod with namespace_teardown, as CNI DEL sends.
+	teardown   bool
 	start, end time.Time
 	outcome    opOutcome
 	err        error
@@ -52,8 +57,11 @@ type crashOp struct {
 
 func (o crashOp) String() string {
 	verb := "RemovePod"
-	if o.add {
+	switch {
+	case o.add:
 		verb = "AddPod"
+	case o.teardown:
+		verb = "RemovePod(namespace_teardown)"
 	}
 	s := fmt.Sprintf("%s %s..%s %s", verb, o.start.Format("15:04:05.000000"), o.end.Format("15:04:05.000000"), o.outcome)
 	if o.err != nil {
@@ -119,11 +127,13 @@ func burst(t *testing.T, d *nftredird, pods []*crashPod, workers int, delay time
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(seed, uint64(w)))
 			for !stopped.Load() {
-				op := crashOp{pod: rng.IntN(len(pods)), add: rng.IntN(5) < 3}
+				op := crashOp{pod: rng.IntN(len(pods)), add: rng.IntN(5) < 3, teardown: rng.IntN(2) == 0}
 				p := pods[op.pod]
 				op.start = time.Now()
 				if op.add {
 					_, op.err = c.AddPod(t.Context(), &nftredirv1.AddPodRequest{PodUid: p.uid, PodName: p.ns.Name, PodNamespace: "e2e", NetnsPath: p.ns.Path})
+				} else if op.teardown {
+					_, op.err = c.RemovePod(t.Context(), p.uid, client.NamespaceTeardown())
 				} else {
 					_, op.err = c.RemovePod(t.Context(), p.uid)
 				}
@@ -175,7 +185,9 @@ func TestDaemonCrash(t *testing.T) {
 		workers  = 6
 		rounds   = 3
 	)
-	d := startDaemon(t, daemonOpts{})
+	// Half the releases leave the namespace to its deletion, which never
+	// comes here: the daemon removes the capture itself after the grace.
+	d := startDaemon(t, daemonOpts{args: []string{"--teardown-grace", crashTeardownGrace.String()}})
 	pods := make([]*crashPod, nPods)
 	for i := range pods {
 		p := &crashPod{uid: fmt.Sprintf("e2e-crash-%02d", i)}
@@ -221,6 +233,21 @@ func TestDaemonCrash(t *testing.T) {
 // records it in state for the next round.
 func checkCrashRound(t *testing.T, d *nftredird, pods []*crashPod, state []bool, ops []crashOp) {
 	t.Helper()
+	// A pod released for its namespace's teardown keeps its capture until
+	// the daemon, restarted or not, settles the namespace after the grace.
+	left := filepath.Join(d.stateDir, nftstate.TeardownDir)
+	for deadline := time.Now().Add(crashTeardownGrace + 10*time.Second); ; time.Sleep(50 * time.Millisecond) {
+		files, err := os.ReadDir(left)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			t.Fatal(err)
+		}
+		if len(files) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d records left for teardown are still unsettled %s after the restart", len(files), crashTeardownGrace+10*time.Second)
+		}
+	}
 	c := d.client(t)
 	listed := map[string]bool{}
 	for _, uid := range listUIDs(t, c) {
@@ -274,6 +301,9 @@ func checkCrashRound(t *testing.T, d *nftredird, pods []*crashPod, state []bool,
 	}
 	t.Logf("after the restart: %d of %d pods enrolled, the rest absent", enrolledCount, len(pods))
 }
+
+// crashTeardownGrace is the daemon's --teardown-grace in TestDaemonCrash.
+const crashTeardownGrace = 300 * time.Millisecond
 
 // TestDaemonCrashModel pins down possibleStates, the judge of
 // TestDaemonCrash, on histories whose answer is known. It needs no root.
