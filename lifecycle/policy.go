@@ -135,17 +135,7 @@ func (m *Manager) leaveUncaptured(ctx context.Context, log hclog.Logger, uid, re
 // Release takes the pod's capture away for the policy agent, without
 // telling the policy (it asked).
 func (m *Manager) Release(ctx context.Context, uid string) (bool, error) {
-	if err := validateUID(uid); err != nil {
-		return false, err
-	}
-	unlock, err := m.locks.lock(ctx, uid)
-	if err != nil {
-		return false, err
-	}
-	defer unlock()
-	defer m.lockProbe()()
-	existed, err := m.removePod(ctx, uid, removal{})
-	return existed, err
+	return m.release(ctx, &nftredirv1.RemovePodRequest{PodUid: uid})
 }
 
 // Enrolled returns the pod's record, or nil when it is not enrolled.

@@ -268,24 +268,30 @@ func (m *Manager) lockPod(ctx context.Context, uid string) (unlock func(), err e
 // release conditional on the pod being enrolled there;
 // req.NamespaceTeardown leaves the namespace to its deletion.
 func (m *Manager) RemovePod(ctx context.Context, req *nftredirv1.RemovePodRequest) (bool, error) {
-	uid := req.GetPodUid()
+	existed, err := m.release(ctx, req)
+	if err != nil {
+		return existed, err
+	}
+	if m.policy != nil {
+		m.policy.Removed(req.GetPodUid())
+	}
+	return existed, nil
+}
+
+// release is a validated RemovePod under the pod's lock, for the API and
+// the policy agent alike.
+func (m *Manager) release(ctx context.Context, req *nftredirv1.RemovePodRequest) (bool, error) {
 	if err := ValidateRemovePod(req); err != nil {
 		return false, err
 	}
+	uid := req.GetPodUid()
 	unlock, err := m.locks.lock(ctx, uid)
 	if err != nil {
 		return false, err
 	}
 	defer unlock()
 	defer m.lockProbe()()
-	existed, err := m.removePod(ctx, uid, removal{netnsPath: req.GetNetnsPath(), teardown: req.GetNamespaceTeardown()})
-	if err != nil {
-		return existed, err
-	}
-	if m.policy != nil {
-		m.policy.Removed(uid)
-	}
-	return existed, nil
+	return m.removePod(ctx, uid, removal{netnsPath: req.GetNetnsPath(), teardown: req.GetNamespaceTeardown()})
 }
 
 // removal is how a pod is to be released.
