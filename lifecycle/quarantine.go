@@ -89,7 +89,9 @@ func (m *Manager) releaseSalvaged(ctx context.Context, log hclog.Logger, uid str
 		return err
 	}
 	defer h.Close()
-	return m.releaseIfOwned(ctx, log, h, uid, recorded, routing)
+	err = m.releaseIfOwned(ctx, log, h, uid, recorded, routing)
+	m.dropClaim(uid, nil, h.ID())
+	return err
 }
 
 // releaseIfOwned removes our table and routing from h if the table
@@ -99,7 +101,9 @@ func (m *Manager) releaseSalvaged(ctx context.Context, log hclog.Logger, uid str
 // namespace is claimed for uid and looked at again, so that no AddPod of
 // another pod can program it between the look and the removal; a
 // namespace that is not uid's is never claimed, so a search through the
-// node's namespaces does not hold up other pods' AddPods.
+// node's namespaces does not hold up other pods' AddPods. The claim is
+// the caller's to drop (dropClaim), since uid may still hold the
+// namespace for another reason.
 func (m *Manager) releaseIfOwned(ctx context.Context, log hclog.Logger, h capture.Namespace, uid string, recorded netns.ID, routing netns.Routing) error {
 	id := h.ID()
 	log = log.With("netns", h.Path(), "netns_id", id.String())
@@ -126,9 +130,6 @@ func (m *Manager) releaseIfOwned(ctx context.Context, log hclog.Logger, h captur
 		log.Debug("namespace is enrolled by another pod; leaving it alone", "owner", cur)
 		return nil
 	}
-	// uid has no usable record (a valid one is released before this
-	// runs), so it owns no namespace after the call.
-	defer m.owners.release(id, uid)
 	table, release, err := ours()
 	if err != nil || !release {
 		return err
@@ -163,6 +164,7 @@ func (m *Manager) releaseFound(ctx context.Context, log hclog.Logger, uid string
 		if err := m.releaseIfOwned(ctx, log, h, uid, netns.ID{}, routing); err != nil {
 			errs = append(errs, err)
 		}
+		m.dropClaim(uid, nil, h.ID())
 		h.Close()
 	}
 	return errors.Join(errs...)

@@ -193,7 +193,7 @@ func (m *Manager) settleLeftover(ctx context.Context, log hclog.Logger, l state.
 			p.log.Debug("namespace enrolled again by the pod; its capture is the new enrolment's")
 			continue
 		}
-		if err := m.removeLeftCapture(ctx, p.log, uid, p.path, p.id, p.routing); err != nil {
+		if err := m.removeLeftCapture(ctx, uid, p); err != nil {
 			return err
 		}
 	}
@@ -201,10 +201,9 @@ func (m *Manager) settleLeftover(ctx context.Context, log hclog.Logger, l state.
 		return err
 	}
 	for _, p := range places {
-		if !m.holds(uid, cur, p.id) {
-			m.owners.release(p.id, uid)
-		}
+		m.dropClaim(uid, cur, p.id)
 	}
+	log.Info("namespace left for teardown settled", "released_at", l.ReleasedAt)
 	return nil
 }
 
@@ -221,42 +220,23 @@ func sameNamespace(rec *state.Record, id netns.ID) bool {
 	return err == nil && rid == id
 }
 
-// removeLeftCapture removes uid's table and routing from the namespace at
-// path if it is still the namespace id. The namespace is claimed for uid
-// first (a claim the caller releases), so that no AddPod of another pod
-// programs it between the look and the removal; one another pod holds, or
-// a table another pod's rules fill, is left alone.
-func (m *Manager) removeLeftCapture(ctx context.Context, log hclog.Logger, uid, path string, id netns.ID, routing netns.Routing) error {
-	if owner, ok := m.owners.claim(id, uid, ""); !ok {
-		log.Debug("namespace enrolled by another pod since; leaving it alone", "owner", owner)
-		return nil
-	}
-	h, err := m.open(path)
+// removeLeftCapture removes uid's capture from p if its path still leads
+// to the namespace the pod was released from, as a quarantined record's is
+// removed: only a table carrying uid, under a claim for uid.
+func (m *Manager) removeLeftCapture(ctx context.Context, uid string, p leftPlace) error {
+	h, err := m.open(p.path)
 	switch {
-	case err == nil && h.ID() == id:
+	case err == nil && h.ID() == p.id:
 		defer h.Close()
+		return m.releaseIfOwned(ctx, p.log, h, uid, p.id, p.routing)
 	case err == nil:
 		h.Close()
-		log.Debug("path names another namespace now; leaving it alone", "netns_id", h.ID().String(), "recorded_netns_id", id.String())
-		return nil
+		p.log.Debug("path names another namespace now; leaving it alone", "netns_id", h.ID().String(), "recorded_netns_id", p.id.String())
 	case namespaceGone(err):
-		log.Debug("namespace gone with its capture", "error", err)
-		return nil
+		p.log.Debug("namespace gone with its capture", "error", err)
 	default:
 		return err
 	}
-	pod, exists, err := m.engine.Owner(ctx, h)
-	switch {
-	case err != nil:
-		return err
-	case exists && pod != uid:
-		log.Warn("namespace outlived its teardown and holds another pod's table; leaving it alone", "table_pod", pod)
-		return nil
-	}
-	if err := m.engine.Remove(ctx, h, routing); err != nil {
-		return err
-	}
-	log.Info("namespace outlived its teardown; the pod's capture is removed")
 	return nil
 }
 
@@ -267,6 +247,14 @@ func (m *Manager) leftoverPending(uid, path string) (bool, error) {
 		return false, err
 	}
 	return slices.ContainsFunc(rest, func(l state.Leftover) bool { return l.Path == path }), nil
+}
+
+// dropClaim gives up uid's claim on namespace id unless uid still holds
+// it for a reason (holds).
+func (m *Manager) dropClaim(uid string, cur *state.Record, id netns.ID) {
+	if !m.holds(uid, cur, id) {
+		m.owners.release(id, uid)
+	}
 }
 
 // holds reports whether uid still has a reason to own namespace id: its
