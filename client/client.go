@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/nftredir/nftredir/internal/defaults"
+	"github.com/nftredir/nftredir/internal/retry"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
@@ -36,11 +37,9 @@ const ServiceName = "nftredir.v1.RedirectService"
 type Option func(*config)
 
 type config struct {
-	timeout    time.Duration
-	attempts   int
-	backoff    time.Duration
-	maxBackoff time.Duration
-	dialOpts   []grpc.DialOption
+	timeout  time.Duration
+	retry    retry.Schedule
+	dialOpts []grpc.DialOption
 }
 
 // WithTimeout bounds every unary call, retries included, unless the caller's
@@ -61,8 +60,8 @@ func WithTimeout(d time.Duration) Option {
 // says the same call may succeed unchanged.
 func WithRetry(attempts int, backoff time.Duration) Option {
 	return func(c *config) {
-		c.attempts = max(attempts, 1)
-		c.backoff = backoff
+		c.retry.Attempts = max(attempts, 1)
+		c.retry.Backoff = backoff
 	}
 }
 
@@ -94,12 +93,7 @@ func Dial(ctx context.Context, socketPath string, opts ...Option) (*Client, erro
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", socketPath, err)
 	}
-	cfg := config{
-		timeout:    defaults.CallTimeout,
-		attempts:   defaults.CallAttempts,
-		backoff:    defaults.CallBackoff,
-		maxBackoff: defaults.CallMaxBackoff,
-	}
+	cfg := config{timeout: defaults.CallTimeout, retry: retry.Default()}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -321,23 +315,7 @@ func (c *Client) WatchPods(ctx context.Context) (*Watch, error) {
 func call[T any](ctx context.Context, c *Client, f func(context.Context) (T, error)) (T, error) {
 	ctx, cancel := c.withTimeout(ctx)
 	defer cancel()
-	pause := c.cfg.backoff
-	for attempt := 1; ; attempt++ {
-		resp, err := f(ctx)
-		if status.Code(err) != codes.Unavailable || attempt >= c.cfg.attempts {
-			return resp, err
-		}
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			// The Unavailable says more about what went wrong than the
-			// deadline that stopped us waiting for the daemon to return.
-			return resp, err
-		case <-t.C:
-		}
-		pause = min(2*pause, c.cfg.maxBackoff)
-	}
+	return retry.Do(ctx, c.cfg.retry, func(err error) bool { return status.Code(err) == codes.Unavailable }, f)
 }
 
 func (c *Client) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {

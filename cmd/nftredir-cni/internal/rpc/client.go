@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/nftredir/nftredir/internal/defaults"
+	"github.com/nftredir/nftredir/internal/retry"
 )
 
 // DefaultSocket is where nftredird listens unless told otherwise.
@@ -30,15 +31,13 @@ const ServiceName = "nftredir.v1.RedirectService"
 
 // Client talks to one nftredird. A call that fails with Unavailable (the
 // daemon not listening, restarting, or the connection lost) is retried
-// with backoff, on a new connection, on the same schedule as package
-// client (internal/defaults' Call*), all within the timeout. Calls are
+// with backoff, on a new connection, by package client's loop and
+// schedule (internal/retry), all within the timeout. Calls are
 // serialised.
 type Client struct {
-	socket     string
-	timeout    time.Duration
-	attempts   int
-	backoff    time.Duration
-	maxBackoff time.Duration
+	socket  string
+	timeout time.Duration
+	retry   retry.Schedule
 
 	mu sync.Mutex
 	c  *conn
@@ -54,7 +53,7 @@ func WithTimeout(d time.Duration) Option { return func(c *Client) { c.timeout = 
 // WithRetry sets how often a call failing with Unavailable is tried in all
 // (1: never again) and the first pause between tries.
 func WithRetry(attempts int, backoff time.Duration) Option {
-	return func(c *Client) { c.attempts, c.backoff = max(attempts, 1), backoff }
+	return func(c *Client) { c.retry.Attempts, c.retry.Backoff = max(attempts, 1), backoff }
 }
 
 // New returns a client of the daemon at socket. It connects on the first
@@ -67,7 +66,7 @@ func New(socket string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{socket: abs, timeout: defaults.CallTimeout, attempts: defaults.CallAttempts, backoff: defaults.CallBackoff, maxBackoff: defaults.CallMaxBackoff}
+	c := &Client{socket: abs, timeout: defaults.CallTimeout, retry: retry.Default()}
 	for _, o := range opts {
 		o(c)
 	}
@@ -164,23 +163,9 @@ func (c *Client) call(ctx context.Context, method string, req []byte) ([]byte, e
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	pause := c.backoff
-	for attempt := 1; ; attempt++ {
-		resp, err := c.once(ctx, method, req)
-		if CodeOf(err) != Unavailable || attempt >= c.attempts {
-			return resp, err
-		}
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			// The Unavailable says more than the deadline that ended
-			// the wait for the daemon to come back.
-			return resp, err
-		case <-t.C:
-		}
-		pause = min(2*pause, c.maxBackoff)
-	}
+	return retry.Do(ctx, c.retry, func(err error) bool { return CodeOf(err) == Unavailable }, func(ctx context.Context) ([]byte, error) {
+		return c.once(ctx, method, req)
+	})
 }
 
 func (c *Client) once(ctx context.Context, method string, req []byte) ([]byte, error) {
