@@ -161,24 +161,21 @@ func (r SpecRecord) Spec(podUID string) (nft.Spec, error) {
 		ExcludeInboundPorts:  slices.Clone(r.ExcludeInboundPorts),
 		ExcludeOutboundPorts: slices.Clone(r.ExcludeOutboundPorts),
 	}
-	if r.ProbeSourceV4 != "" {
-		if s.ProbeSourceV4, err = netip.ParseAddr(r.ProbeSourceV4); err != nil {
-			return nft.Spec{}, fmt.Errorf("probe source v4: %w", err)
+	for _, a := range []struct {
+		field, text string
+		to          *netip.Addr
+	}{
+		{"probe source v4", r.ProbeSourceV4, &s.ProbeSourceV4},
+		{"probe source v6", r.ProbeSourceV6, &s.ProbeSourceV6},
+		{"tproxy v4", r.TProxyV4, &s.TProxyAddrV4},
+		{"tproxy v6", r.TProxyV6, &s.TProxyAddrV6},
+	} {
+		// Empty is unset: the zero address, as in the spec.
+		if a.text == "" {
+			continue
 		}
-	}
-	if r.ProbeSourceV6 != "" {
-		if s.ProbeSourceV6, err = netip.ParseAddr(r.ProbeSourceV6); err != nil {
-			return nft.Spec{}, fmt.Errorf("probe source v6: %w", err)
-		}
-	}
-	if r.TProxyV4 != "" {
-		if s.TProxyAddrV4, err = netip.ParseAddr(r.TProxyV4); err != nil {
-			return nft.Spec{}, fmt.Errorf("tproxy v4: %w", err)
-		}
-	}
-	if r.TProxyV6 != "" {
-		if s.TProxyAddrV6, err = netip.ParseAddr(r.TProxyV6); err != nil {
-			return nft.Spec{}, fmt.Errorf("tproxy v6: %w", err)
+		if *a.to, err = netip.ParseAddr(a.text); err != nil {
+			return nft.Spec{}, fmt.Errorf("%s: %w", a.field, err)
 		}
 	}
 	for _, c := range r.ExcludeOutboundCIDRs {
