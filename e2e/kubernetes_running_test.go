@@ -254,6 +254,7 @@ func TestK8sRunningPodsEnrolled(t *testing.T) {
 			time.Sleep(200 * time.Millisecond)
 		}
 		m.wantEnrolledInPlace(t, rec, p, before["twin"])
+		t.Logf("refused while two namespaces carried %s; enrolled %s after the look-alike lost it", p.Status.PodIP, time.Since(deadline.Add(-45*time.Second)).Round(time.Millisecond))
 	})
 
 	t.Run("a pod whose namespace is in no pin directory gets an Event and is not enrolled", func(t *testing.T) {
@@ -272,10 +273,16 @@ func TestK8sRunningPodsEnrolled(t *testing.T) {
 			t.Fatalf("pod enrolled though no pin carries its IP: %v", rec)
 		}
 		wantDirect(t, m.answer(t, p), "hidden")
-		if lines := m.daemon.logEntries(t, "pod should be captured, but its network namespace cannot be proven; not enrolled, retrying"); len(lines) == 0 {
-			t.Error("the daemon did not log why")
+		var why map[string]any
+		for _, l := range m.daemon.logEntries(t, "pod should be captured, but its network namespace cannot be proven; not enrolled, retrying") {
+			if l["name"] == "hidden" && l["reason"] == kube.ReasonNamespaceNotFound {
+				why = l
+			}
+		}
+		if why == nil {
+			t.Error("the daemon did not log why the hidden pod is not enrolled")
 		} else {
-			t.Logf("log: %v", lines[0])
+			t.Logf("log: %v", why)
 		}
 		fams := m.scrapeNode(t, metrics)
 		if n := counter(fams, "nftredir_kube_netns_discoveries_total", map[string]string{"outcome": "not_found"}); n < 1 {
