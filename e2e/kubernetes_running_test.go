@@ -163,7 +163,11 @@ func TestK8sRunningPodsEnrolled(t *testing.T) {
 	before := map[string]sandbox{}
 	for name, p := range pods {
 		wantDirect(t, m.answer(t, p), name)
+		// For comparison with the pin scan the daemon logs: the same
+		// question put to the runtime over CRI.
+		criStart := time.Now()
 		before[name] = m.sandboxOf(t, p)
+		t.Logf("CRI ListPodSandbox + PodSandboxStatus (and a pod GET) for %s: %s", name, time.Since(criStart).Round(time.Microsecond))
 		if len(before[name].ids) != 1 || before[name].netns == "" {
 			t.Fatalf("pod %s: sandboxes %v, netns %q", name, before[name].ids, before[name].netns)
 		}
