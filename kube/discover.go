@@ -144,7 +144,7 @@ func (a *Agent) discover(ctx context.Context, log hclog.Logger, pod *corev1.Pod)
 	a.disc.mu.Lock()
 	delete(a.disc.unproven, uid)
 	a.disc.mu.Unlock()
-	log.Info("running pod's namespace found and proven by its IPs", "netns", pin.Path, "netns_id", v.NetnsID, "pod_ips", v.PodIPs, "pins", len(sc.Pins), "scan_took", sc.Took.Round(time.Microsecond))
+	log.Info("running pod's namespace found and proven by its IPs", "netns", pin.Path, "netns_id", v.NetnsID, "pod_ips", v.PodIPs, "pins", len(sc.Pins), "scan_took", sc.Took.Round(time.Microsecond).String())
 	return &v, nil
 }
 
