@@ -89,14 +89,14 @@ var ErrForeignCapture = errors.New("the network namespace holds another agent's 
 // CheckForeign is the one rule every engine applies to the foreign
 // capture it found: nil when Apply may go on (nothing found, or taking
 // over what can be removed).
-func CheckForeign(f *nft.Foreign, takeOver bool) error {
+func CheckForeign(path string, f *nft.Foreign, takeOver bool) error {
 	switch {
 	case f.Empty():
 		return nil
 	case !f.Removable():
-		return fmt.Errorf("%w: %s; legacy (xtables) iptables rules can be neither read nor removed over netlink, so nothing was changed: remove them (iptables-legacy -t TABLE -F; -X) or move their owner to iptables-nft", ErrForeignCapture, f)
+		return fmt.Errorf("netns_path %s: %w: %s; legacy (xtables) iptables rules can be neither read nor removed over netlink, so nothing was changed: remove them (iptables-legacy -t TABLE -F; -X) or move their owner to iptables-nft", path, ErrForeignCapture, f)
 	case !takeOver:
-		return fmt.Errorf("%w: %s; nothing was changed: remove it, or let nftredird replace it (--take-over-foreign-capture)", ErrForeignCapture, f)
+		return fmt.Errorf("netns_path %s: %w: %s; nothing was changed: remove it, or let nftredird replace it (--take-over-foreign-capture)", path, ErrForeignCapture, f)
 	}
 	return nil
 }

@@ -80,7 +80,7 @@ func (k *Kernel) Apply(ctx context.Context, ns Namespace, rs *nft.Ruleset, r net
 	if err != nil {
 		return err
 	}
-	if err := CheckForeign(f, k.takeOver); err != nil {
+	if err := CheckForeign(h.Path(), f, k.takeOver); err != nil {
 		return err
 	}
 	if err := netns.EnsureRouting(h, r); err != nil {

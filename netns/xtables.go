@@ -9,7 +9,6 @@ import (
 	"strings"
 	"unsafe"
 
-	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -35,40 +34,28 @@ func (x XTable) String() string {
 }
 
 // LegacyTables lists the namespace's legacy iptables tables that hold
-// rules or chains of their own. A table the kernel merely instantiated
-// (a listing does that) and left with its built-in chains empty captures
-// nothing and is not listed.
+// rules or chains of their own, as they were when the handle entered the
+// namespace (Open, or the visit that remade its sockets after a failed
+// batch). A table the kernel merely instantiated (a listing does that)
+// and left with its built-in chains empty captures nothing and is not
+// listed.
 //
-// The table names come from /proc/net/{ip,ip6}_tables_names, which shows
-// the namespace of the reading thread (/proc/thread-self: /proc/self/net
-// is the thread-group leader's), so they are read on a thread that enters
-// the namespace (see onSacrificialThread). Only the tables listed there are
-// asked about, with IPT_SO_GET_INFO on a raw socket made inside: asking
-// about a table that does not exist would make the kernel load and
-// instantiate it.
+// They are read during that visit because nothing else can read them:
+// the table names come only from /proc/net/{ip,ip6}_tables_names, which
+// shows the namespace of the reading thread (/proc/thread-self: /proc/self
+// is the thread-group leader's), and asking the kernel about a table that
+// does not exist (IPT_SO_GET_INFO) makes it instantiate one. Reading them
+// in the one visit keeps a namespace entered once per handle.
 func LegacyTables(h *Handle) ([]XTable, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.fd < 0 {
 		return nil, errClosed
 	}
-	var out []XTable
-	err := onSacrificialThread(func() error {
-		home, err := vnetns.Get()
-		if err != nil {
-			return fmt.Errorf("current namespace: %w", err)
-		}
-		defer home.Close()
-		if err := unix.Setns(h.fd, unix.CLONE_NEWNET); err != nil {
-			return fmt.Errorf("enter %s: %w", h.path, err)
-		}
-		out, err = legacyHere()
-		if rerr := vnetns.Set(home); rerr != nil && err == nil {
-			err = fmt.Errorf("leave %s: %w", h.path, rerr)
-		}
-		return err
-	})
-	return out, err
+	if h.c.legacyErr != nil {
+		return nil, fmt.Errorf("legacy iptables tables of %s: %w", h.path, h.c.legacyErr)
+	}
+	return append([]XTable(nil), h.c.legacy...), nil
 }
 
 // Options of linux/netfilter_ipv4/ip_tables.h and ipv6/ip6_tables.h.

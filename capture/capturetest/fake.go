@@ -541,7 +541,7 @@ func (f *Fake) Apply(ctx context.Context, ns capture.Namespace, rs *nft.Ruleset,
 	if rs == nil {
 		return errors.New("capture: apply of a nil ruleset")
 	}
-	if err := capture.CheckForeign(sp.others, f.takeOver); err != nil {
+	if err := capture.CheckForeign(ns.Path(), sp.others, f.takeOver); err != nil {
 		return err
 	}
 	changed, err := sp.ensureRouting(r)
