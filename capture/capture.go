@@ -38,12 +38,17 @@ type Live struct {
 	Text string
 	// Routing says which of our rules and routes exist.
 	Routing netns.RoutingState
+	// Foreign names another agent's capture found beside ours ("" when
+	// there is none; see nft.Foreign): a namespace with any is not in
+	// sync, so reconcile applies the pod again, which takes it over or
+	// reports the refusal.
+	Foreign string
 }
 
 // InSync reports whether the namespace holds exactly the capture asked
 // about.
 func (l Live) InSync() bool {
-	return l.Table == nft.StatusInSync && l.Routing.Complete()
+	return l.Table == nft.StatusInSync && l.Routing.Complete() && l.Foreign == ""
 }
 
 // Engine opens pod namespaces and programs them.

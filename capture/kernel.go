@@ -135,7 +135,7 @@ func (k *Kernel) RemoveRouting(_ context.Context, ns Namespace, r netns.Routing)
 	return nil
 }
 
-// Inspect reads the table and the routing.
+// Inspect reads the table, the routing and any foreign capture.
 func (k *Kernel) Inspect(ctx context.Context, ns Namespace, rs *nft.Ruleset, r netns.Routing) (Live, error) {
 	h, err := handle(ns)
 	if err != nil {
@@ -149,7 +149,15 @@ func (k *Kernel) Inspect(ctx context.Context, ns Namespace, rs *nft.Ruleset, r n
 	if err != nil {
 		return Live{}, fmt.Errorf("inspect policy routing: %w", err)
 	}
-	return Live{Table: st, Text: text, Routing: rt}, nil
+	l := Live{Table: st, Text: text, Routing: rt}
+	f, err := k.applier.FindForeign(ctx, h)
+	if err != nil {
+		return Live{}, err
+	}
+	if !f.Empty() {
+		l.Foreign = f.String()
+	}
+	return l, nil
 }
 
 // Owner asks the applier whose table ns holds.

@@ -6,6 +6,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
 // TestForeignCaptureOverTheAPI: a namespace holding istio-cni's in-pod
@@ -49,6 +51,22 @@ func testForeignTakenOver(t *testing.T) {
 		}
 		if got := w.Dump(t, ns); strings.Contains(got, "ISTIO_") {
 			t.Errorf("foreign capture left after take-over:\n%s", got)
+		}
+
+		// istio-cni puts its rules back beside ours: GetPod says so, and
+		// reconcile takes them over again.
+		w.AddForeignCapture(t, ns)
+		if got := ts.get(t, "istio-pod"); got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_DRIFTED || !strings.Contains(got.Detail, "ISTIO_OUTPUT") {
+			t.Fatalf("with istio-cni's rules back: %v %q", got.SyncStatus, got.Detail)
+		}
+		if res, err := ts.pods.Reconcile(ctxT(t)); err != nil || res.Repaired != 1 {
+			t.Fatalf("Reconcile = %+v, %v; want one repair", res, err)
+		}
+		if got := ts.get(t, "istio-pod"); got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC {
+			t.Errorf("after reconcile: %v %q", got.SyncStatus, got.Detail)
+		}
+		if got := w.Dump(t, ns); strings.Contains(got, "ISTIO_") {
+			t.Errorf("foreign capture left after reconcile:\n%s", got)
 		}
 	})
 }

@@ -89,6 +89,7 @@ var cases = []struct {
 	{"ForeignCaptureRefused", testForeignCaptureRefused},
 	{"ForeignCaptureTakenOver", testForeignCaptureTakenOver},
 	{"LegacyCaptureRefused", testLegacyCaptureRefused},
+	{"ForeignCaptureAfterApplyIsSeen", testForeignCaptureAfterApply},
 }
 
 const (
@@ -512,6 +513,26 @@ func testLegacyCaptureRefused(t *testing.T, e Env) {
 		path := e.NewNamespace(t)
 		e.AddLegacyCapture(t, path)
 		wantRefused(t, e, path, "iptables table nat")
+	}
+}
+
+// Capture another agent adds beside ours makes the namespace out of sync,
+// naming it, and the next Apply takes it over.
+func testForeignCaptureAfterApply(t *testing.T, e Env) {
+	e.SetTakeOver(t, true)
+	rs, r := ruleset(t, podA), netns.DefaultRouting()
+	path := e.NewNamespace(t)
+	apply(t, e, open(t, e, path), rs, r)
+	e.AddForeignCapture(t, path)
+	ns := open(t, e, path)
+	l := inspect(t, e, ns, rs, r)
+	if l.InSync() || !strings.Contains(l.Foreign, "ISTIO_PRERT") {
+		t.Errorf("with istio-cni's rules beside ours: InSync %t, Foreign %q; want out of sync, naming them", l.InSync(), l.Foreign)
+	}
+	wantTable(t, l, nft.StatusInSync)
+	apply(t, e, ns, rs, r)
+	if l := inspect(t, e, ns, rs, r); !l.InSync() || l.Foreign != "" {
+		t.Errorf("after Apply: InSync %t, Foreign %q", l.InSync(), l.Foreign)
 	}
 }
 

@@ -650,6 +650,9 @@ func (f *Fake) Inspect(ctx context.Context, ns capture.Namespace, rs *nft.Rulese
 		return capture.Live{}, err
 	}
 	live := capture.Live{Table: nft.StatusAbsent, Routing: sp.routing(r)}
+	if !sp.others.Empty() {
+		live.Foreign = sp.others.String()
+	}
 	if sp.table == nil {
 		return live, nil
 	}
