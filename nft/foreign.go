@@ -157,6 +157,7 @@ func findNftables(c *nftables.Conn, f *Foreign) error {
 			f.Tables = append(f.Tables, ForeignTable{Family: t.Family, Name: t.Name})
 		}
 	}
+	slices.SortFunc(f.Tables, func(a, b ForeignTable) int { return strings.Compare(a.Name, b.Name) })
 	chains, err := c.ListChains()
 	if err != nil {
 		return fmt.Errorf("list chains: %w", err)
