@@ -8,8 +8,8 @@ import (
 
 	"github.com/nftredir/nftredir/capture"
 	"github.com/nftredir/nftredir/capture/capturetest"
-	"github.com/nftredir/nftredir/nft"
 	"github.com/nftredir/nftredir/netns"
+	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
