@@ -285,11 +285,19 @@ func dumpAll(t *testing.T, p *pod) string {
 // before our table (it would run after ours at -150 and clear the tproxy
 // mark), the DNAT after it (it would run first at -100 and take the
 // connection). Their rules stay in place.
-func TestOrderAgainstIptablesNft(t *testing.T) {
+func TestOrderAgainstIptablesNft(t *testing.T) { testOrderAgainst(t, "nft") }
+
+// TestOrderAgainstIptablesLegacy is the same with legacy iptables rules,
+// added around an enrolled pod (a pod that has them when it is enrolled is
+// refused): xtables hooks its nat into the same list as nft's nat chains
+// and its mangle at -150, so the same priorities settle it.
+func TestOrderAgainstIptablesLegacy(t *testing.T) { testOrderAgainst(t, "legacy") }
+
+func testOrderAgainst(t *testing.T, variant string) {
 	forEach(t, func(t *testing.T, p *pod) {
-		ipt, peer, routed := "iptables-nft", p.a.Peer.String(), "10.98.0.0/24"
+		ipt, peer, routed := "iptables-"+variant, p.a.Peer.String(), "10.98.0.0/24"
 		if p.v.v6 {
-			ipt, peer, routed = "ip6tables-nft", "["+p.a.Peer.String()+"]", "fd00:98::/64"
+			ipt, peer, routed = "ip6tables-"+variant, "["+p.a.Peer.String()+"]", "fd00:98::/64"
 		}
 		iptablesIn(t, p.Pod, "", ipt, "-t", "mangle", "-A", "PREROUTING", "-p", "tcp", "-d", routed, "-j", "MARK", "--set-xmark", "0x0/0xfff")
 		rs := p.enrol(t, p.spec())
@@ -307,10 +315,10 @@ func TestOrderAgainstIptablesNft(t *testing.T) {
 		if st, text := p.verify(t, rs); st != nft.StatusInSync {
 			t.Errorf("our table is %v:\n%s", st, text)
 		}
-		ruleset := p.Pod.Nft(t, "list", "ruleset")
-		for _, want := range []string{"dnat to", "meta mark set"} {
-			if !strings.Contains(ruleset, want) {
-				t.Errorf("iptables-nft's rule %q is gone:\n%s", want, ruleset)
+		rules := p.Pod.Run(t, ipt+"-save")
+		for _, want := range []string{"-j DNAT", "-j MARK"} {
+			if !strings.Contains(rules, want) {
+				t.Errorf("%s's rule %q is gone:\n%s", ipt, want, rules)
 			}
 		}
 	})
