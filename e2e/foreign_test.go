@@ -209,9 +209,12 @@ func TestForeignCaptureRefused(t *testing.T) {
 		}{
 			{"iptables-nft, take-over off", func() { installIstio(t, p) }, false, "iptables-nft chain ip nat ISTIO_OUTPUT"},
 			{"legacy, take-over on", func() {
+				// istio-cni's iptables-nft rules go, legacy ones come.
 				for _, cmd := range []string{"iptables-nft", "ip6tables-nft"} {
-					iptablesIn(t, p.Pod, "", cmd, "-t", "nat", "-F")
-					iptablesIn(t, p.Pod, "", cmd, "-t", "nat", "-X")
+					for _, table := range []string{"nat", "mangle", "raw"} {
+						iptablesIn(t, p.Pod, "", cmd, "-t", table, "-F")
+						iptablesIn(t, p.Pod, "", cmd, "-t", table, "-X")
+					}
 				}
 				iptablesIn(t, p.Pod, "", "iptables-legacy", strings.Fields(capturetest.LegacyRule)...)
 			}, true, "legacy iptables table nat"},
