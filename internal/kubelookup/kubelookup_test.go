@@ -40,7 +40,9 @@ func shapes() []*corev1.Pod {
 		apiPod("opt-in", labels(map[string]string{kube.DefaultModeLabel: "ambient"})),
 		apiPod("opt-out", labels(map[string]string{kube.DefaultModeLabel: "none"})),
 		apiPod("other-value", labels(map[string]string{kube.DefaultModeLabel: "sidecar"})),
-		apiPod("sidecar", func(p *corev1.Pod) { p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "istio-proxy"}) }),
+		apiPod("sidecar", func(p *corev1.Pod) {
+			p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "istio-proxy"})
+		}),
 		apiPod("native-sidecar", func(p *corev1.Pod) { p.Spec.InitContainers = []corev1.Container{{Name: "istio-proxy"}} }),
 		apiPod("injected", func(p *corev1.Pod) { p.Annotations = map[string]string{"sidecar.istio.io/status": "{}"} }),
 		apiPod("host", labels(map[string]string{kube.DefaultModeLabel: "ambient"}), func(p *corev1.Pod) { p.Spec.HostNetwork = true }),
