@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -116,7 +117,9 @@ func TestK8sBlastRadius(t *testing.T) {
 	// The plugin's reading of the API, held to the daemon's rule on the
 	// same objects as the real API server returns them.
 	t.Run("the plugin's lookup agrees with the daemon's rule", func(t *testing.T) {
-		lc, err := kubelookup.Load(kubeconfig)
+		// The API server listens in the node's namespace; the plugin
+		// runs there, this test does not.
+		lc, err := kubelookup.Load(kubeconfig, kubelookup.WithDialContext(m.DialContext))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -147,7 +150,9 @@ func TestK8sBlastRadius(t *testing.T) {
 				mutate(p)
 				p = m.CreatePod(t, p)
 				want, wantWhy := sel.Captured(p, ns)
-				got, err := lc.Decide(t.Context(), enrolment.Selector(sel), nsName, name, string(p.UID))
+				ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+				got, err := lc.Decide(ctx, enrolment.Selector(sel), nsName, name, string(p.UID))
+				cancel()
 				if err != nil {
 					t.Fatalf("%s/%s: %v", nsName, name, err)
 				}
@@ -157,7 +162,9 @@ func TestK8sBlastRadius(t *testing.T) {
 				checked++
 			}
 		}
-		if _, err := lc.Decide(t.Context(), enrolment.Selector(sel), "open", "no-such-pod", ""); !kubelookup.IsNotFound(err) {
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		if _, err := lc.Decide(ctx, enrolment.Selector(sel), "open", "no-such-pod", ""); !kubelookup.IsNotFound(err) {
 			t.Errorf("absent pod: %v; want the API's 404", err)
 		}
 		t.Logf("%d pods: the plugin's decision from the real API equals kube.Selector.Captured", checked)

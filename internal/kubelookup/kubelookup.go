@@ -99,9 +99,26 @@ type Client struct {
 	http   *http.Client
 }
 
+// Option configures a Client.
+type Option func(*options)
+
+type options struct {
+	dial func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// WithDialContext makes the client's connections with dial: a test
+// reaches an API server that listens in another network namespace.
+func WithDialContext(dial func(ctx context.Context, network, addr string) (net.Conn, error)) Option {
+	return func(o *options) { o.dial = dial }
+}
+
 // Load reads a kubeconfig in JSON form and returns a client of its current
 // context's cluster.
-func Load(path string) (*Client, error) {
+func Load(path string, opts ...Option) (*Client, error) {
+	o := options{dial: (&net.Dialer{Timeout: 2 * time.Second}).DialContext}
+	for _, f := range opts {
+		f(&o)
+	}
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read kubeconfig: %w", err)
@@ -166,7 +183,7 @@ func Load(path string) (*Client, error) {
 		// Not the environment's proxy: the plugin runs with the
 		// runtime's environment, which is not meant for it.
 		Proxy:               nil,
-		DialContext:         (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
+		DialContext:         o.dial,
 		TLSClientConfig:     &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12},
 		TLSHandshakeTimeout: 2 * time.Second,
 		ForceAttemptHTTP2:   false,
