@@ -105,6 +105,9 @@ spec:
           imagePullPolicy: Never
         - name: install-cni
           imagePullPolicy: Never
+          env:
+            - name: NFTREDIR_CNI_CONF_DIR_ON_HOST
+              value: %q
           volumeMounts:
             - name: test-entry
               mountPath: /etc/nftredir-test
@@ -122,7 +125,7 @@ spec:
           hostPath: {path: %q}
         - name: test-entry
           configMap: {name: nftredir-test-entry}
-`, dsNamespace, h.run, h.ztunnel, c.CNIBinDir, h.cniBinLib, c.CNIConfDir),
+`, dsNamespace, c.CNIConfDir, h.run, h.ztunnel, c.CNIBinDir, h.cniBinLib, c.CNIConfDir),
 	}
 	for name, body := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
@@ -408,6 +411,16 @@ func TestK8sDaemonSet(t *testing.T) {
 		}
 		if entry["socket"] != h.socket() || entry["dataDir"] != h.cniData {
 			t.Errorf("entry %v; want socket %s and dataDir %s", entry, h.socket(), h.cniData)
+		}
+		// NFTREDIR_KUBERNETES puts the install step in Kubernetes mode
+		// too: the kubeconfig of the plugin's own lookups, from the
+		// pod's service account, next to the conflist.
+		kc := filepath.Join(c.CNIConfDir, "nftredir-cni.kubeconfig")
+		if k, _ := entry["kubernetes"].(map[string]any); k["kubeconfig"] != kc {
+			t.Errorf("entry's kubernetes key %v; want the kubeconfig %s", entry["kubernetes"], kc)
+		}
+		if fi, err := os.Stat(kc); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("plugin kubeconfig: %v %v", fi, err)
 		}
 		for _, d := range []string{c.CNIBinDir, h.cniBinLib} {
 			fi, err := os.Stat(filepath.Join(d, "nftredir-cni"))
