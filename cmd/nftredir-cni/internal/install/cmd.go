@@ -340,14 +340,17 @@ func (o *options) entry(given map[string]bool) (json.RawMessage, error) {
 		set("log-level", "logLevel", o.logLevel)
 	}
 	if o.kubernetes {
-		// The daemon's policy, from the daemon's own settings; it
-		// replaces any the --plugin-config file has.
-		e["kubernetes"] = map[string]string{
-			"kubeconfig":   filepath.Join(o.confDirOnHost, o.kubeconfigName),
-			"modeLabel":    o.modeLabel,
-			"modeEnabled":  o.modeEnabled,
-			"modeDisabled": o.modeDisabled,
+		// The daemon's policy, from the daemon's own settings, over
+		// whatever the --plugin-config file has; its lookupTimeout stays.
+		k, _ := e["kubernetes"].(map[string]any)
+		if k == nil {
+			k = map[string]any{}
 		}
+		k["kubeconfig"] = filepath.Join(o.confDirOnHost, o.kubeconfigName)
+		k["modeLabel"], k["modeEnabled"], k["modeDisabled"] = o.modeLabel, o.modeEnabled, o.modeDisabled
+		e["kubernetes"] = k
+	} else {
+		delete(e, "kubernetes")
 	}
 	return json.Marshal(e)
 }

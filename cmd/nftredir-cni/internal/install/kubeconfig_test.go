@@ -138,6 +138,22 @@ func TestParseKubernetesFromDaemonEnv(t *testing.T) {
 	if _, cfg, err := parse(CmdInstall, nil, noEnv, io.Discard); err != nil || cfg.Kubeconfig != nil || entryOf(t, cfg)["kubernetes"] != nil {
 		t.Errorf("standalone: %+v %v", cfg.Kubeconfig, err)
 	}
+	// A --plugin-config file's lookupTimeout stays; its policy does not,
+	// and without Kubernetes mode its key goes.
+	file := filepath.Join(t.TempDir(), "entry.json")
+	if err := os.WriteFile(file, []byte(`{"type":"nftredir-cni","kubernetes":{"lookupTimeout":"2s","modeLabel":"stale"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, cfg, err = parse(CmdInstall, []string{"--plugin-config", file, "--kubernetes", "--kube-server", "https://10.0.0.1:6443"}, noEnv, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k, _ := entryOf(t, cfg)["kubernetes"].(map[string]any); k["lookupTimeout"] != "2s" || k["modeLabel"] != "istio.io/dataplane-mode" {
+		t.Errorf("entry kubernetes from a plugin-config file: %v", k)
+	}
+	if _, cfg, err := parse(CmdInstall, []string{"--plugin-config", file}, noEnv, io.Discard); err != nil || entryOf(t, cfg)["kubernetes"] != nil {
+		t.Errorf("standalone with a plugin-config file's kubernetes key: %v %v", entryOf(t, cfg)["kubernetes"], err)
+	}
 	// Outside a pod, without --kube-server: refused.
 	if _, _, err := parse(CmdInstall, []string{"--kubernetes"}, noEnv, io.Discard); err == nil || !strings.Contains(err.Error(), "KUBERNETES_SERVICE_HOST") {
 		t.Errorf("no server: %v", err)
