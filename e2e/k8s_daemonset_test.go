@@ -23,6 +23,7 @@ import (
 
 	"github.com/nftredir/nftredir/client"
 	"github.com/nftredir/nftredir/internal/kcluster"
+	"github.com/nftredir/nftredir/internal/kubelookup"
 	"github.com/nftredir/nftredir/internal/nstest"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
@@ -421,6 +422,18 @@ func TestK8sDaemonSet(t *testing.T) {
 		}
 		if fi, err := os.Stat(kc); err != nil || fi.Mode().Perm() != 0o600 {
 			t.Errorf("plugin kubeconfig: %v %v", fi, err)
+		}
+		// It reads the API as the plugin would, from the node: the
+		// pod's projected token, the cluster CA, the Service address.
+		lc, err := kubelookup.Load(kc, kubelookup.WithDialContext(c.DialContext))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lc.Close()
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		if _, err := lc.NamespaceLabels(ctx, "kube-system"); err != nil {
+			t.Errorf("the plugin's kubeconfig does not read the API: %v", err)
 		}
 		for _, d := range []string{c.CNIBinDir, h.cniBinLib} {
 			fi, err := os.Stat(filepath.Join(d, "nftredir-cni"))
