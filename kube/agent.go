@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -72,6 +73,7 @@ type Agent struct {
 	node     string
 	sel      Selector
 	seen     *sightings
+	marks    *marks
 	log      hclog.Logger
 	sweep    time.Duration
 	lookup   time.Duration
@@ -121,6 +123,10 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kube config: %w", err)
 	}
+	marks, err := openMarks(filepath.Join(cfg.Dir, marksDir))
+	if err != nil {
+		return nil, fmt.Errorf("kube config: %w", err)
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = hclog.NewNullLogger()
@@ -131,6 +137,7 @@ func New(cfg Config) (*Agent, error) {
 		node:   cfg.NodeName,
 		sel:    sel,
 		seen:   seen,
+		marks:  marks,
 		log:    log,
 		sweep:  cmpOr(cfg.Sweep, 30*time.Second),
 		lookup: cmpOr(cfg.LookupTimeout, 5*time.Second),
@@ -356,7 +363,8 @@ const opTimeout = 30 * time.Second
 
 // sync brings one pod in line: captured if the policy wants it and its
 // namespace is known, released if not, released and forgotten if it is
-// gone from the API; and the annotation says which.
+// gone from the API; and the annotation says which, for pods nftredir
+// captured (annotate.go).
 func (a *Agent) sync(ctx context.Context, uid string) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
@@ -387,6 +395,9 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 				log.Info("pod released: it is gone from the Kubernetes API", "namespace", ns, "name", name)
 			}
 			a.applied.Delete(uid)
+			if err := a.marks.forget(uid); err != nil {
+				return err
+			}
 			return a.seen.forget(uid)
 		}
 	}
@@ -402,14 +413,14 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 		// when nothing changed it is a no-op in the kernel.
 		if seen == nil {
 			log.Debug("pod should be captured, but its namespace is unknown; its next sandbox enrols it")
-			return a.annotate(ctx, pod, false)
+			return a.showNotCaptured(ctx, pod)
 		}
 		if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 			return nil
 		}
 		fp := optionAnnotations(pod.Annotations)
 		if last, ok := a.applied.Load(uid); ok && rec != nil && last == fp {
-			return a.annotate(ctx, pod, true)
+			return a.showCaptured(ctx, pod, rec)
 		}
 		a.own.Store(uid, struct{}{})
 		resp, err := a.enr.AddPod(withAgent(ctx), seen.request())
@@ -420,6 +431,9 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 				// namespace: only a new sandbox can tell us the new one.
 				_ = a.seen.forget(uid)
 			}
+			if aerr := a.showIfCaptured(ctx, pod); aerr != nil {
+				log.Warn("cannot annotate the pod", "error", aerr)
+			}
 			return err
 		}
 		if resp.GetNotCapturedReason() == "" {
@@ -428,18 +442,26 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 				log.Info("running pod enrolled: it matches the policy")
 			}
 		}
-		return a.annotate(ctx, pod, resp.GetNotCapturedReason() == "")
+		if resp.GetNotCapturedReason() != "" {
+			return a.showNotCaptured(ctx, pod)
+		}
+		return a.showCaptured(ctx, pod, resp.GetPod())
 	case want:
-		return a.annotate(ctx, pod, true)
+		return a.showCaptured(ctx, pod, rec)
 	case rec != nil:
 		a.applied.Delete(uid)
+		// Marked before the release: should the annotation's removal
+		// fail, the retry must still know the annotation is ours.
+		if err := a.marks.put(uid); err != nil {
+			return err
+		}
 		if _, err := a.enr.Release(ctx, uid); err != nil {
 			return err
 		}
 		log.Info("pod released: the enrolment policy leaves it uncaptured", "reason", why)
-		return a.annotate(ctx, pod, false)
+		return a.showNotCaptured(ctx, pod)
 	default:
-		return a.annotate(ctx, pod, false)
+		return a.showNotCaptured(ctx, pod)
 	}
 }
 
@@ -524,26 +546,6 @@ func (a *Agent) getNamespace(ctx context.Context, name string) (*corev1.Namespac
 		return nil, lifecycle.Errorf(lifecycle.KindUnavailable, "look up namespace %s in the Kubernetes API: %v; retry", name, err)
 	}
 	return ns, nil
-}
-
-// annotate makes the redirection annotation say whether the pod is
-// captured; istiod reads it.
-func (a *Agent) annotate(ctx context.Context, pod *corev1.Pod, captured bool) error {
-	if (pod.Annotations[RedirectionAnnotation] == redirectionEnabled) == captured {
-		return nil
-	}
-	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:null}}}`, RedirectionAnnotation)
-	if captured {
-		patch = fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, RedirectionAnnotation, redirectionEnabled)
-	}
-	_, err := a.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("annotate pod %s/%s: %w", pod.Namespace, pod.Name, err)
-	}
-	return nil
 }
 
 type agentKey struct{}

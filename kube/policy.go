@@ -35,7 +35,6 @@ const (
 	// RedirectionAnnotation marks a pod whose traffic is captured; istiod
 	// treats a workload as ambient by it. It states what is, not intent.
 	RedirectionAnnotation = "ambient.istio.io/redirection"
-	redirectionEnabled    = "enabled"
 
 	// sidecarStatusAnnotation is set by Istio's injector on pods with a
 	// sidecar, which captures their traffic itself.
