@@ -465,12 +465,12 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 	}
 }
 
-// optionAnnotations is the pod's nftredir.io/ annotations as one
-// comparable string.
+// optionAnnotations is the pod's option annotations (nftredir.io/ and
+// Istio's) as one comparable string.
 func optionAnnotations(annotations map[string]string) string {
 	var b strings.Builder
 	for _, k := range slices.Sorted(maps.Keys(annotations)) {
-		if strings.HasPrefix(k, annotationPrefix) {
+		if strings.HasPrefix(k, annotationPrefix) || slices.Contains(istioAnnotations, k) {
 			fmt.Fprintf(&b, "%q=%q;", k, annotations[k])
 		}
 	}
@@ -590,6 +590,7 @@ func (a *Agent) Admit(ctx context.Context, req *nftredirv1.AddPodRequest, id net
 	if err != nil {
 		return lifecycle.Admission{}, lifecycle.Errorf(lifecycle.KindInvalid, "pod %s/%s: %v", pod.Namespace, pod.Name, err)
 	}
+	a.warnIgnored(pod)
 	out := proto.Clone(req).(*nftredirv1.AddPodRequest)
 	out.PodName, out.PodNamespace, out.Options = pod.Name, pod.Namespace, opts
 	sa := pod.Spec.ServiceAccountName

@@ -106,3 +106,11 @@ func (a *Agent) patchRedirection(ctx context.Context, pod *corev1.Pod, value str
 // ProxyAcked queues the pod after the node proxy acked it over ZDS, so
 // its annotation turns "enabled" (zds.Config.Acked). It does not block.
 func (a *Agent) ProxyAcked(uid string) { a.queue.Add(uid) }
+
+// warnIgnored shows the pod's ignored Istio annotations as a Warning
+// Event: Istio only logs them, where the pod's owner does not look.
+func (a *Agent) warnIgnored(pod *corev1.Pod) {
+	for _, why := range IgnoredAnnotations(pod.Annotations) {
+		a.events.Eventf(pod, corev1.EventTypeWarning, "AnnotationIgnored", "nftredir: %s", why)
+	}
+}
