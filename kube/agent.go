@@ -284,14 +284,15 @@ func timeoutDone(ctx context.Context, d time.Duration) <-chan struct{} {
 	return c.Done()
 }
 
-// knownUIDs is every pod the agent must look at: enrolled, seen, and (with
-// cached) every pod of the node in the cache.
+// knownUIDs is every pod the agent must look at: enrolled, seen, annotated
+// by it, and (with cached) every pod of the node in the cache.
 func (a *Agent) knownUIDs(cached bool) ([]string, error) {
 	uids, err := a.enr.EnrolledUIDs()
 	if err != nil {
 		return nil, fmt.Errorf("list enrolled pods: %w", err)
 	}
 	uids = append(uids, a.seen.uids()...)
+	uids = append(uids, a.marks.uids()...)
 	if cached {
 		for _, p := range a.podIndex.List() {
 			if pod, ok := p.(*corev1.Pod); ok {
@@ -376,10 +377,14 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 	seen := a.seen.get(uid)
 	pod := a.cachedPodByUID(uid)
 	if pod == nil {
-		if rec == nil && seen == nil {
+		mark, marked := a.marks.get(uid)
+		if rec == nil && seen == nil && !marked {
 			return nil
 		}
-		ns, name := rec.GetPodNamespace(), rec.GetPodName()
+		ns, name := mark.Namespace, mark.Name
+		if rec != nil {
+			ns, name = rec.GetPodNamespace(), rec.GetPodName()
+		}
 		if seen != nil {
 			ns, name = seen.Namespace, seen.Name
 		}
@@ -452,7 +457,7 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 		a.applied.Delete(uid)
 		// Marked before the release: should the annotation's removal
 		// fail, the retry must still know the annotation is ours.
-		if err := a.marks.put(uid); err != nil {
+		if err := a.marks.put(uid, podRef{pod.Namespace, pod.Name}); err != nil {
 			return err
 		}
 		if _, err := a.enr.Release(ctx, uid); err != nil {

@@ -39,7 +39,7 @@ const (
 // showCaptured annotates a pod nftredir captured; rec is its record, with
 // the proxy's state when ZDS is served.
 func (a *Agent) showCaptured(ctx context.Context, pod *corev1.Pod, rec *nftredirv1.Pod) error {
-	if err := a.marks.put(string(pod.UID)); err != nil {
+	if err := a.marks.put(string(pod.UID), podRef{pod.Namespace, pod.Name}); err != nil {
 		return err
 	}
 	want := redirectionValue(rec)

@@ -232,3 +232,32 @@ func TestAgentMarksSurviveRestart(t *testing.T) {
 		t.Errorf("someone else's annotation changed to %q (present %v)", v, ok)
 	}
 }
+
+// TestAgentDropsMarksOfGonePods: a mark whose pod left the API while the
+// daemon was down (the cache never sees it) is checked by name and
+// dropped at start, so the marks do not grow without end.
+func TestAgentDropsMarksOfGonePods(t *testing.T) {
+	dir := t.TempDir()
+	m, err := openMarks(filepath.Join(dir, marksDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.put("uid-gone", podRef{"mesh", "gone"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.put("uid-web", podRef{"mesh", "web"}); err != nil {
+		t.Fatal(err)
+	}
+	r := startAgent(t, dir, false, nil, nsObj("mesh", true), runningPod("mesh", "web", map[string]string{RedirectionAnnotation: redirectionEnabled}))
+	if r.a.marks.has("uid-gone") {
+		t.Error("the mark of a pod gone from the API is still kept")
+	}
+	if again, err := openMarks(filepath.Join(dir, marksDir)); err != nil || again.has("uid-gone") {
+		t.Errorf("the gone pod's mark is still on disk (err %v)", err)
+	}
+	// web is not captured (no sighting, no record) but was marked: its
+	// annotation is nftredir's, so it goes, and the mark with it.
+	if _, ok := r.redirection(t, "mesh", "web"); ok || r.a.marks.has("uid-web") {
+		t.Errorf("marked, uncaptured pod: annotation present %v, mark kept %v; want both gone", ok, r.a.marks.has("uid-web"))
+	}
+}

@@ -20,16 +20,20 @@ import (
 // purpose: a pod released while the API was unreachable keeps its mark
 // until the annotation is gone, even across a restart of the daemon.
 //
-// One empty file per pod in a directory of its own, so that knowing a pod
-// is ours never depends on reading the pod back from the API.
+// One small file per pod in a directory of its own, holding the pod's
+// namespace and name, so that a mark whose pod the cache has not seen can
+// still be checked against the API and dropped once the pod is gone.
 type marks struct {
 	dir string
 
-	mu sync.Mutex // protects set
-	// set mirrors the directory, so that the sync of a captured pod does
-	// not write a file each time.
-	set map[string]bool
+	mu sync.Mutex // protects byUID
+	// byUID mirrors the directory, so that the sync of a captured pod
+	// does not write a file each time.
+	byUID map[string]podRef
 }
+
+// podRef is a pod's namespace and name.
+type podRef struct{ Namespace, Name string }
 
 // marksDir is the marks' directory under the agent's Dir; markSuffix
 // ends every mark's name, so that no UID ("." is one) names the directory
@@ -49,40 +53,54 @@ func openMarks(dir string) (*marks, error) {
 	if err != nil {
 		return nil, fmt.Errorf("annotation marks directory: %w", err)
 	}
-	m := &marks{dir: dir, set: map[string]bool{}}
+	m := &marks{dir: dir, byUID: map[string]podRef{}}
 	for _, e := range entries {
 		// Temp files of an interrupted write do not end in the suffix.
 		uid, ok := strings.CutSuffix(e.Name(), markSuffix)
-		if ok && e.Type().IsRegular() && defaults.CheckPodUID(uid) == nil {
-			m.set[uid] = true
+		if !ok || !e.Type().IsRegular() || defaults.CheckPodUID(uid) != nil {
+			continue
 		}
+		b, err := os.ReadFile(m.path(uid))
+		if err != nil {
+			return nil, fmt.Errorf("read annotation mark %s: %w", e.Name(), err)
+		}
+		// A mark without a readable name is still a mark: the pod's
+		// annotation stays nftredir's; only the lookup by name is lost.
+		ns, name, _ := strings.Cut(strings.TrimSpace(string(b)), "/")
+		m.byUID[uid] = podRef{Namespace: ns, Name: name}
 	}
 	return m, nil
 }
 
 // has reports whether the pod's annotation is nftredir's.
 func (m *marks) has(uid string) bool {
+	_, ok := m.get(uid)
+	return ok
+}
+
+func (m *marks) get(uid string) (podRef, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.set[uid]
+	ref, ok := m.byUID[uid]
+	return ref, ok
 }
 
 // put marks the pod's annotation as nftredir's, durably, before the
 // annotation is written: a crash in between leaves a mark without an
 // annotation, which removing an absent annotation clears.
-func (m *marks) put(uid string) error {
+func (m *marks) put(uid string, ref podRef) error {
 	if err := defaults.CheckPodUID(uid); err != nil {
 		return fmt.Errorf("mark pod %q: %w", uid, err)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.set[uid] {
+	if old, ok := m.byUID[uid]; ok && old == ref {
 		return nil
 	}
-	if err := durable.WriteFile(m.path(uid), nil); err != nil {
+	if err := durable.WriteFile(m.path(uid), []byte(ref.Namespace+"/"+ref.Name+"\n")); err != nil {
 		return fmt.Errorf("mark pod %s as annotated by nftredir: %w", uid, err)
 	}
-	m.set[uid] = true
+	m.byUID[uid] = ref
 	return nil
 }
 
@@ -91,12 +109,22 @@ func (m *marks) put(uid string) error {
 func (m *marks) forget(uid string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if !m.set[uid] {
+	if _, ok := m.byUID[uid]; !ok {
 		return nil
 	}
 	if err := durable.Remove(m.path(uid)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	delete(m.set, uid)
+	delete(m.byUID, uid)
 	return nil
+}
+
+func (m *marks) uids() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]string, 0, len(m.byUID))
+	for uid := range m.byUID {
+		out = append(out, uid)
+	}
+	return out
 }
