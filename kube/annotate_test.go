@@ -59,7 +59,7 @@ func nsObj(name string, mesh bool) *corev1.Namespace {
 	return ns
 }
 
-func runningPod(ns, name string, annotations map[string]string) *corev1.Pod {
+func annotatedPod(ns, name string, annotations map[string]string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: types.UID("uid-" + name), Annotations: annotations},
 		Spec:       corev1.PodSpec{NodeName: "node-1"},
@@ -117,9 +117,9 @@ func TestAgentLeavesOthersAnnotation(t *testing.T) {
 	enabled := map[string]string{RedirectionAnnotation: redirectionEnabled}
 	r := startAgent(t, t.TempDir(), true, nil,
 		nsObj("mesh", true), nsObj("plain", false),
-		runningPod("plain", "foreign", enabled),
-		runningPod("mesh", "unseen", enabled),
-		runningPod("mesh", "half", map[string]string{RedirectionAnnotation: redirectionPending}),
+		annotatedPod("plain", "foreign", enabled),
+		annotatedPod("mesh", "unseen", enabled),
+		annotatedPod("mesh", "half", map[string]string{RedirectionAnnotation: redirectionPending}),
 	)
 	if resp := r.cniAdd(t, "plain", "foreign"); resp.GetNotCapturedReason() == "" {
 		t.Fatal("pod in an unlabelled namespace captured")
@@ -144,7 +144,7 @@ func TestAgentLeavesOthersAnnotation(t *testing.T) {
 // "pending" until the proxy acks it, then "enabled"; a proxy that later
 // goes away does not turn it back.
 func TestAgentAnnotatesAfterAck(t *testing.T) {
-	r := startAgent(t, t.TempDir(), true, nil, nsObj("mesh", true), runningPod("mesh", "web", nil))
+	r := startAgent(t, t.TempDir(), true, nil, nsObj("mesh", true), annotatedPod("mesh", "web", nil))
 	r.cniAdd(t, "mesh", "web")
 	r.waitRedirection(t, "mesh", "web", redirectionPending)
 	r.settle()
@@ -166,7 +166,7 @@ func TestAgentAnnotatesAfterAck(t *testing.T) {
 // TestAgentAnnotatesAtOnceWithoutZDS: with no ZDS there is no ack to
 // wait for (WatchPods has none): captured is "enabled".
 func TestAgentAnnotatesAtOnceWithoutZDS(t *testing.T) {
-	r := startAgent(t, t.TempDir(), false, nil, nsObj("mesh", true), runningPod("mesh", "web", nil))
+	r := startAgent(t, t.TempDir(), false, nil, nsObj("mesh", true), annotatedPod("mesh", "web", nil))
 	r.cniAdd(t, "mesh", "web")
 	r.waitRedirection(t, "mesh", "web", redirectionEnabled)
 }
@@ -176,7 +176,7 @@ func TestAgentAnnotatesAtOnceWithoutZDS(t *testing.T) {
 // annotated by istio-cni before nftredir took it over.
 func TestAgentRemovesItsAnnotationOnRelease(t *testing.T) {
 	r := startAgent(t, t.TempDir(), false, nil, nsObj("mesh", true),
-		runningPod("mesh", "web", map[string]string{RedirectionAnnotation: redirectionEnabled}))
+		annotatedPod("mesh", "web", map[string]string{RedirectionAnnotation: redirectionEnabled}))
 	r.cniAdd(t, "mesh", "web")
 	r.settle()
 	if !r.a.marks.has("uid-web") {
@@ -201,7 +201,7 @@ func TestAgentRemovesItsAnnotationOnRelease(t *testing.T) {
 // has it removed by the next daemon.
 func TestAgentMarksSurviveRestart(t *testing.T) {
 	dir := t.TempDir()
-	objs := []runtime.Object{nsObj("mesh", true), runningPod("mesh", "web", nil), runningPod("mesh", "other", map[string]string{RedirectionAnnotation: redirectionEnabled})}
+	objs := []runtime.Object{nsObj("mesh", true), annotatedPod("mesh", "web", nil), annotatedPod("mesh", "other", map[string]string{RedirectionAnnotation: redirectionEnabled})}
 	r := startAgent(t, dir, false, nil, objs...)
 	r.cniAdd(t, "mesh", "web")
 	r.waitRedirection(t, "mesh", "web", redirectionEnabled)
@@ -248,7 +248,7 @@ func TestAgentDropsMarksOfGonePods(t *testing.T) {
 	if err := m.put("uid-web", podRef{"mesh", "web"}); err != nil {
 		t.Fatal(err)
 	}
-	r := startAgent(t, dir, false, nil, nsObj("mesh", true), runningPod("mesh", "web", map[string]string{RedirectionAnnotation: redirectionEnabled}))
+	r := startAgent(t, dir, false, nil, nsObj("mesh", true), annotatedPod("mesh", "web", map[string]string{RedirectionAnnotation: redirectionEnabled}))
 	if r.a.marks.has("uid-gone") {
 		t.Error("the mark of a pod gone from the API is still kept")
 	}
