@@ -207,7 +207,7 @@ func TestK8sRunningPodsEnrolled(t *testing.T) {
 		peer.Close()
 		m.proxyIn(t, rec)
 		wantCaptured(t, m.answer(t, p), "early")
-		m.waitAnnotation(t, p, true)
+		m.waitAnnotation(t, p, redirectionEnabled)
 		found := m.daemon.logEntries(t, "running pod's namespace found and proven by its IPs")
 		if len(found) == 0 {
 			t.Error("the daemon did not log the proof")
