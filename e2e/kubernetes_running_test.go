@@ -240,6 +240,11 @@ func TestK8sRunningPodsEnrolled(t *testing.T) {
 		// pod with.
 		decoy := nstest.NewNetns(t)
 		decoy.IPBatch(t, "link add eth0 type veth peer name peer0", "link set eth0 up", "addr add "+p.Status.PodIP+"/24 dev eth0")
+		// A scan younger than kube.ScanMaxAge (the previous subtest's)
+		// may serve this pod and predate the decoy; then the pod is
+		// proven by its own pin alone, which is right but not what this
+		// subtest is about.
+		time.Sleep(kube.ScanMaxAge + 200*time.Millisecond)
 		m.label(t, "namespace", "", "twins", meshEnabled)
 		m.waitEvent(t, p, kube.ReasonNamespaceAmbiguous, p.Status.PodIP)
 		if rec := m.enrolled(t, p.UID); rec != nil {
