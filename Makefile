@@ -64,8 +64,9 @@ lint-go:
 
 # Every test, including the real-kernel ones, the Kubernetes cluster
 # suite and the Istio suite (root; the Istio suite skips without
-# ZTUNNEL_BIN, which .ci/run sets from ../shared/tools). -p 1: the kernel tests create namespaces and traffic; on 2
-# cores one package at a time is faster and calmer than contention.
+# ZTUNNEL_BIN, which .ci/run sets from ../shared/tools). -p 1: the kernel
+# tests create namespaces and traffic; on 2 cores one package at a time is
+# faster and calmer than contention.
 test: deps-istio lint-go build
 	$(GO) test -p 1 -count=1 -timeout 15m $(PKGS)
 	@$(MAKE) --no-print-directory race
