@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"bufio"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"net"
 	"net/netip"
@@ -30,6 +32,10 @@ type istioMesh struct {
 
 func startIstioMesh(t *testing.T) *istioMesh {
 	t.Helper()
+	nstest.RequirePrivileged(t)
+	if os.Getenv(skipK8sEnv) == "1" {
+		t.Skipf("Istio suite skipped because %s=1", skipK8sEnv)
+	}
 	bins := istiotest.Require(t)
 	m := startMeshCluster(t)
 	im := &istioMesh{meshCluster: m}
@@ -102,24 +108,62 @@ func waitAnswer(t *testing.T, ns *nstest.Netns, addr, app string) {
 	}
 }
 
-// certIdentities reads the identities ztunnel holds a usable certificate
-// for from its config_dump.
-func (im *istioMesh) certIdentities(t *testing.T) map[string]string {
+// certIdentities reads from ztunnel's config_dump the state of the
+// certificate it holds per identity, and checks each one it holds: the
+// leaf must verify against istiod's root (root-cert.pem of
+// istio-ca-root-cert) and carry the identity as its URI SAN.
+func (im *istioMesh) certIdentities(t *testing.T) (ids map[string]string, verifyErr error) {
 	t.Helper()
 	var dump struct {
 		Certificates []struct {
 			Identity string `json:"identity"`
 			State    string `json:"state"`
+			// pem is the PEM text, base64-encoded.
+			CertChain []struct {
+				PEM []byte `json:"pem"`
+			} `json:"certChain"`
 		} `json:"certificates"`
 	}
 	if err := json.Unmarshal(im.ztunnel.ConfigDump(t), &dump); err != nil {
 		t.Fatalf("ztunnel config_dump: %v", err)
 	}
-	ids := map[string]string{}
+	root, err := os.ReadFile(im.istiod.RootCert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(root) {
+		t.Fatalf("no certificate in istiod's root %s", im.istiod.RootCert)
+	}
+	ids = map[string]string{}
 	for _, c := range dump.Certificates {
 		ids[c.Identity] = c.State
+		if c.State != "Available" {
+			continue
+		}
+		if len(c.CertChain) == 0 {
+			return ids, fmt.Errorf("%s: no certificate chain", c.Identity)
+		}
+		block, _ := pem.Decode(c.CertChain[0].PEM)
+		if block == nil {
+			return ids, fmt.Errorf("%s: the leaf is not PEM", c.Identity)
+		}
+		leaf, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return ids, fmt.Errorf("%s: %w", c.Identity, err)
+		}
+		inter := x509.NewCertPool()
+		for _, ic := range c.CertChain[1:] {
+			inter.AppendCertsFromPEM(ic.PEM)
+		}
+		if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+			return ids, fmt.Errorf("%s: the leaf does not verify against istiod's root: %w", c.Identity, err)
+		}
+		if len(leaf.URIs) != 1 || leaf.URIs[0].String() != c.Identity {
+			return ids, fmt.Errorf("%s: the leaf's URI SANs are %v", c.Identity, leaf.URIs)
+		}
 	}
-	return ids
+	return ids, nil
 }
 
 // TestIstioAmbientMesh runs a real ambient mesh on nftredir: stock istiod
@@ -156,11 +200,15 @@ func TestIstioAmbientMesh(t *testing.T) {
 		// makes sure it is asked for, whatever its prefetch policy.
 		waitAnswer(t, clientNS, serverAddr, "server")
 		var ids map[string]string
+		var verifyErr error
 		waitUntil(t, "ztunnel to hold certificates for "+clientID+" and "+serverID, 30*time.Second, func() bool {
-			ids = im.certIdentities(t)
+			ids, verifyErr = im.certIdentities(t)
 			return ids[clientID] == "Available" && ids[serverID] == "Available"
 		})
-		t.Logf("ztunnel's certificates: %v", ids)
+		if verifyErr != nil {
+			t.Fatalf("ztunnel's certificates: %v", verifyErr)
+		}
+		t.Logf("ztunnel's certificates, each verified against istiod's root with its SPIFFE id as URI SAN: %v", ids)
 	})
 
 	t.Run("pod to pod is HBONE with both identities", func(t *testing.T) {
@@ -183,6 +231,10 @@ func TestIstioAmbientMesh(t *testing.T) {
 		// There is no kube-proxy: only ztunnel knows where the VIP goes.
 		vip := netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIP), 80).String()
 		waitAnswer(t, clientNS, vip, "server")
+		// The control: a pod outside the mesh has no way to the VIP.
+		if got, err := exchange(outsiderNS, vip); err == nil {
+			t.Errorf("a pod outside the mesh reached the VIP %s without ztunnel: %q", vip, got)
+		}
 		host := fmt.Sprintf("server.%s.svc.cluster.local", ns)
 		line := im.ztunnel.WaitLog(t, 10*time.Second, "connection complete", host, "src.identity=", clientID, serverID)
 		t.Logf("VIP %s: ztunnel: %s", vip, line)
