@@ -31,7 +31,10 @@ func rule(words ...part) Rule {
 	if at < 0 {
 		at = len(words)
 	}
-	parts := slices.Concat(words[:at:at], []part{counter()}, words[at:])
+	return assemble(slices.Concat(words[:at:at], []part{counter()}, words[at:]))
+}
+
+func assemble(parts []part) Rule {
 	r := Rule{parts: parts}
 	for i, p := range parts {
 		r.Exprs = append(r.Exprs, p.exprs...)
@@ -64,6 +67,14 @@ func acts(p part) bool {
 	return false
 }
 
+func isCounter(p part) bool {
+	if len(p.exprs) != 1 {
+		return false
+	}
+	_, ok := p.exprs[0].(*expr.Counter)
+	return ok
+}
+
 // nft: counter packets 0 bytes 0
 // The text is what nft prints for a fresh table; live listings show the
 // kernel's values instead (see countedText).
@@ -90,10 +101,8 @@ func (r *Rule) countedText(live []nftlive.Expr) string {
 	words := make([]string, len(r.parts))
 	for i, p := range r.parts {
 		words[i] = p.text
-		if len(p.exprs) == 1 {
-			if _, isCounter := p.exprs[0].(*expr.Counter); isCounter {
-				words[i] = counterText(packets, bytes)
-			}
+		if isCounter(p) {
+			words[i] = counterText(packets, bytes)
 		}
 	}
 	return strings.Join(words, " ")

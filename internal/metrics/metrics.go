@@ -38,6 +38,9 @@ type Sources struct {
 	ZDS func() zds.Stats
 	// ProbeAddresses counts the addresses in the node probe table's sets.
 	ProbeAddresses func() int
+	// ProbeRepairs counts the node probe table's repairs after someone
+	// else changed it.
+	ProbeRepairs func() int64
 }
 
 // Metrics holds the daemon's registry and its instruments.
@@ -235,10 +238,12 @@ var (
 		"ZDS connections dropped for a malformed or unexpected message.", nil, nil)
 	probeDesc = prometheus.NewDesc(namespace+"_probe_table_addresses",
 		"Pod addresses in the node probe table's sets.", nil, nil)
+	probeRepairsDesc = prometheus.NewDesc(namespace+"_probe_table_repairs_total",
+		"Times the node probe table (table, sets, chain or an enrolled pod's address) was found changed by someone else and restored.", nil, nil)
 )
 
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{podsDesc, zdsConnectedDesc, zdsAcksDesc, zdsNacksDesc, zdsAckTimeoutsDesc, zdsProtocolErrorsDesc, probeDesc} {
+	for _, d := range []*prometheus.Desc{podsDesc, zdsConnectedDesc, zdsAcksDesc, zdsNacksDesc, zdsAckTimeoutsDesc, zdsProtocolErrorsDesc, probeDesc, probeRepairsDesc} {
 		ch <- d
 	}
 }
@@ -262,6 +267,9 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if src.ProbeAddresses != nil {
 		ch <- prometheus.MustNewConstMetric(probeDesc, prometheus.GaugeValue, float64(src.ProbeAddresses()))
+	}
+	if src.ProbeRepairs != nil {
+		ch <- prometheus.MustNewConstMetric(probeRepairsDesc, prometheus.CounterValue, float64(src.ProbeRepairs()))
 	}
 }
 
