@@ -215,4 +215,3 @@ func TestAgentKeepsPodIPsTheAPIMomentarilyLacks(t *testing.T) {
 		t.Errorf("after a re-enrolment while the API showed no IPs the record has %v; want %v kept", got, want)
 	}
 }
-
