@@ -122,6 +122,7 @@ func zdsRaces(t *testing.T, requireAck bool) {
 		}
 	})
 
+	var reqs []*nftredirv1.AddPodRequest
 	pod := func(i int) *nftredirv1.AddPodRequest {
 		path := fmt.Sprintf("/run/netns/race-%d", i)
 		fake.AddNamespace(path)
@@ -132,7 +133,7 @@ func zdsRaces(t *testing.T, requireAck bool) {
 	}
 	var errs sync.Map
 	add := func(wg *sync.WaitGroup, i int) {
-		req := pod(i)
+		req := reqs[i]
 		wg.Go(func() {
 			_, err := m.AddPod(ctx, req)
 			// Without the proxy's ack the pod stays captured and enrolled;
@@ -142,23 +143,34 @@ func zdsRaces(t *testing.T, requireAck bool) {
 			}
 		})
 	}
-	var wg sync.WaitGroup
-	for i := range first {
-		add(&wg, i)
+	// Rounds while the proxy churns: every pod added at once, then the
+	// first ones removed while the rest are added again (or for the first
+	// time), until the proxy has reconnected often enough during them.
+	for i := range first + later {
+		reqs = append(reqs, pod(i))
 	}
-	wg.Wait()
-	for i := range removed {
-		uid := fmt.Sprintf("race-%03d", i)
-		wg.Go(func() {
-			if _, err := m.RemovePod(ctx, &nftredirv1.RemovePodRequest{PodUid: uid}); err != nil {
-				errs.Store(uid, err)
-			}
-		})
+	start, deadline := reconnects.Load(), time.Now().Add(30*time.Second)
+	rounds := 0
+	for ; rounds < 2 || reconnects.Load()-start < 40 && time.Now().Before(deadline); rounds++ {
+		var wg sync.WaitGroup
+		for i := range first {
+			add(&wg, i)
+		}
+		wg.Wait()
+		for i := range removed {
+			uid := fmt.Sprintf("race-%03d", i)
+			wg.Go(func() {
+				if _, err := m.RemovePod(ctx, &nftredirv1.RemovePodRequest{PodUid: uid}); err != nil {
+					errs.Store(uid, err)
+				}
+			})
+		}
+		for i := removed; i < first+later; i++ {
+			add(&wg, i)
+		}
+		wg.Wait()
 	}
-	for i := range later {
-		add(&wg, first+i)
-	}
-	wg.Wait()
+	during := reconnects.Load() - start
 	close(stop)
 	proxy.Wait()
 	errs.Range(func(k, v any) bool {
@@ -212,5 +224,8 @@ func zdsRaces(t *testing.T, requireAck bool) {
 	if n, err := store.Count(); err != nil || n != len(want) {
 		t.Errorf("records: %d (%v); want %d", n, err, len(want))
 	}
-	t.Logf("%d reconnects while %d adds and %d removes ran; final snapshot %d pods", reconnects.Load(), first+later, removed, len(seen))
+	t.Logf("%d reconnects during %d rounds of %d adds and %d removes; final snapshot %d pods", during, rounds, first+later+(first-removed), removed, len(seen))
+	if during < 10 {
+		t.Errorf("the proxy reconnected %d times while pods were added and removed; the race was hardly run", during)
+	}
 }
