@@ -28,7 +28,7 @@ import (
 // meshCluster is a real single-node cluster whose pods are chained through
 // nftredir-cni to an nftredird in Kubernetes mode, running as a host
 // process in the cluster's node namespace with the ServiceAccount and
-// ClusterRole of deploy/kubernetes/rbac.yaml.
+// ClusterRole of charts/nftredir (templates/rbac.yaml, rendered by helm).
 type meshCluster struct {
 	*kcluster.Cluster
 	daemon *nftredird
@@ -51,7 +51,8 @@ func startMeshCluster(t *testing.T) *meshCluster {
 	bin := binaries(t)
 	c.InstallCNIPlugin(t, "nftredir-cni", bin.CNI)
 	c.CreateNamespace(t, "nftredir-system", nil)
-	c.Apply(t, "-f", filepath.Join(bin.Repo, "deploy", "kubernetes", "rbac.yaml"))
+	c.ApplyYAML(t, helm(t, c, "template", dsRelease, filepath.Join(bin.Repo, "charts", "nftredir"),
+		"--namespace", "nftredir-system", "--show-only", "templates/rbac.yaml"))
 	kubeconfig := c.ServiceAccountKubeconfig(t, "nftredir-system", "nftredir")
 	dir := t.TempDir()
 	m := &meshCluster{Cluster: c, zds: filepath.Join(dir, "zds.sock"), cniLog: filepath.Join(dir, "cni.log")}

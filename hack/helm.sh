@@ -22,12 +22,23 @@ flock 9
 stamp="$BIN/.helm-$HELM_VERSION"
 if [[ ! -e $stamp || ! -x $BIN/helm ]]; then
 	echo "helm: building helm $HELM_VERSION (first time on this machine: a few minutes)" >&2
-	# helm's own build stamps its version with ldflags; without them
-	# `helm version` says the module's default. Set it as upstream's
-	# Makefile does, so the tests can check they run the pinned helm.
-	CGO_ENABLED=0 GOBIN="$BIN" go install -trimpath \
-		-ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
-		"helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+	# helm's own build (its Makefile) stamps its version, and the
+	# Kubernetes version that `helm template` and `helm lint` assume
+	# (.Capabilities.KubeVersion, kubeVersion checks: 1.<minor of its
+	# client-go>), with ldflags; without them helm says "v3.22" and
+	# assumes Kubernetes 1.20. Set them as upstream does.
+	gomod=$(GOFLAGS=-mod=mod go mod download -json "helm.sh/helm/v3@$HELM_VERSION" |
+		sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
+	minor=$(sed -n 's#^[[:space:]]*k8s.io/client-go v0\.\([0-9]*\)\..*#\1#p' "$gomod")
+	[[ -n $minor ]] || {
+		echo "helm: no k8s.io/client-go in $gomod" >&2
+		exit 1
+	}
+	ld="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+	for p in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+		ld+=" -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=$minor"
+	done
+	CGO_ENABLED=0 GOBIN="$BIN" go install -trimpath -ldflags "$ld" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 	touch "$stamp"
 fi
 echo "$BIN/helm"

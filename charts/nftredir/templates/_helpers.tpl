@@ -48,14 +48,6 @@ hostPaths, seLinuxOptions and resourceQuota.enabled.
 {{- toYaml $p -}}
 {{- end -}}
 
-{{/* A container's securityContext.seLinuxOptions, if any. */}}
-{{- define "nftredir.seLinux" -}}
-{{- with (include "nftredir.paths" . | fromYaml).seLinuxOptions }}
-seLinuxOptions:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- end -}}
-
 {{/*
 nftredir.dirType is the hostPath type of (list path mayCreate):
 DirectoryOrCreate if it may be created, Directory if not or if it is
