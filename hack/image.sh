@@ -3,8 +3,8 @@
 # for each platform (GOARCH; no cgo, so no cross toolchain), then one
 # scratch-style image per platform under one OCI image index, written as
 # an OCI image layout tarball. `ctr -n k8s.io images import` reads it and
-# unpacks the node's own platform; so do `docker load` (Docker 25 and
-# later) and `skopeo copy oci-archive:...` to push it to a registry.
+# unpacks the node's own platform; `docker load` reads it from Docker 25,
+# and registry tools read OCI layout archives (skopeo's oci-archive:).
 #
 #   hack/image.sh OUT.tar TAG BIN_ROOT
 #
