@@ -169,10 +169,15 @@ func (m *manifests) configMap(t *testing.T) corev1.ConfigMap {
 	return corev1.ConfigMap{}
 }
 
-// TestHelmLint: helm lint --strict, with the defaults and each platform.
+// TestHelmLint: helm lint --strict, with the defaults, each platform, and
+// the optional objects rendered.
 func TestHelmLint(t *testing.T) {
+	cases := [][]string{{"--set", "cni.pluginConfig.logLevel=debug", "--set", "resourceQuota.enabled=true"}}
 	for _, p := range platforms {
-		args := append([]string{"lint", "--strict", chartDir, "--namespace", namespace}, platformArgs(p)...)
+		cases = append(cases, platformArgs(p))
+	}
+	for _, more := range cases {
+		args := append([]string{"lint", "--strict", chartDir, "--namespace", namespace}, more...)
 		out, stderr, err := runHelm(t, args...)
 		if err != nil {
 			t.Errorf("helm %s: %v\n%s%s", strings.Join(args, " "), err, out, stderr)
@@ -770,5 +775,55 @@ func TestInstallContainerEnvironment(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(root, "host/opt/cni/bin")); !errors.Is(err, os.ErrNotExist) {
 		t.Error("a bin dir the node lacks was created")
+	}
+}
+
+var readmeRow = regexp.MustCompile("(?m)^\\| `([A-Za-z0-9_.]+)` \\|")
+
+// TestValuesDocumented: the chart README's values table has a row for
+// every value of values.yaml (a row may cover a map, e.g.
+// resources.nftredird), and every row names a value that exists.
+func TestValuesDocumented(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var values map[string]any
+	if err := yaml.Unmarshal(raw, &values); err != nil {
+		t.Fatal(err)
+	}
+	var leaves []string
+	var walk func(prefix string, v any)
+	walk = func(prefix string, v any) {
+		m, ok := v.(map[string]any)
+		if !ok || len(m) == 0 {
+			leaves = append(leaves, prefix)
+			return
+		}
+		for k, sub := range m {
+			walk(strings.TrimPrefix(prefix+"."+k, "."), sub)
+		}
+	}
+	walk("", values)
+	readme, err := os.ReadFile(filepath.Join(chartDir, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []string
+	for _, m := range readmeRow.FindAllStringSubmatch(string(readme), -1) {
+		rows = append(rows, m[1])
+	}
+	for _, l := range leaves {
+		if !slices.ContainsFunc(rows, func(r string) bool { return l == r || strings.HasPrefix(l, r+".") }) {
+			t.Errorf("value %s has no row in charts/nftredir/README.md", l)
+		}
+	}
+	for _, r := range rows {
+		if slices.Contains(platforms, r) { // the platforms' table
+			continue
+		}
+		if !slices.ContainsFunc(leaves, func(l string) bool { return l == r || strings.HasPrefix(l, r+".") }) {
+			t.Errorf("README row %s names no value of values.yaml", r)
+		}
 	}
 }
