@@ -477,6 +477,17 @@ func layout(t *testing.T, m *manifests) hostLayout {
 		}
 	}
 	l.socketEnv = m.configMap(t).Data["NFTREDIR_CNI_SOCKET"]
+	// The daemon looks for pins exactly where they are mounted.
+	var mounted []string
+	for _, p := range l.netns {
+		mounted = append(mounted, p)
+	}
+	slices.Sort(mounted)
+	dirs := strings.Split(m.configMap(t).Data["NFTREDIR_NETNS_DIRS"], ",")
+	slices.Sort(dirs)
+	if !slices.Equal(dirs, mounted) {
+		t.Errorf("NFTREDIR_NETNS_DIRS %v; want the netns mounts %v", dirs, mounted)
+	}
 	return l
 }
 

@@ -82,6 +82,14 @@ func writeDSValues(t *testing.T, c *kcluster.Cluster, h dsHost) string {
 	return path
 }
 
+// chartRBAC is the chart's ServiceAccount and RBAC, for the tests that
+// run nftredird as a host process with its identity.
+func chartRBAC(t *testing.T, c *kcluster.Cluster) string {
+	t.Helper()
+	return helm(t, c, "template", dsRelease, filepath.Join(binaries(t).Repo, "charts", "nftredir"),
+		"--namespace", dsNamespace, "--show-only", "templates/rbac.yaml")
+}
+
 // helm runs the pinned helm against the cluster, inside its node
 // namespace, with no user configuration of the machine's.
 func helm(t *testing.T, c *kcluster.Cluster, args ...string) string {
@@ -177,8 +185,8 @@ func conflistTypes(t *testing.T, c *kcluster.Cluster) ([]string, map[string]any)
 	if err := json.Unmarshal(raw, &l); err != nil {
 		t.Fatalf("%s: %v\n%s", kcluster.ConflistName, err, raw)
 	}
-	if l.CNIVersion != kcluster.CNIVersion {
-		t.Errorf("%s has cniVersion %q; the primary CNI wrote %q", kcluster.ConflistName, l.CNIVersion, kcluster.CNIVersion)
+	if l.CNIVersion != c.ConflistVersion {
+		t.Errorf("%s has cniVersion %q; the primary CNI wrote %q", kcluster.ConflistName, l.CNIVersion, c.ConflistVersion)
 	}
 	var types []string
 	var entry map[string]any
@@ -237,7 +245,7 @@ func criHasPlugin(ctx context.Context, rs runtimeapi.RuntimeServiceClient) (bool
 // primary CNI's own installer does (write a temporary file, rename).
 func rewriteConflist(t *testing.T, c *kcluster.Cluster) {
 	t.Helper()
-	b, err := json.MarshalIndent(map[string]any{"cniVersion": kcluster.CNIVersion, "name": "kcluster", "plugins": []any{c.BridgePlugin()}}, "", "  ")
+	b, err := json.MarshalIndent(map[string]any{"cniVersion": c.ConflistVersion, "name": "kcluster", "plugins": []any{c.BridgePlugin()}}, "", "  ")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -309,7 +317,8 @@ func nodeTables(t *testing.T, c *kcluster.Cluster) string {
 
 // TestK8sDaemonSet deploys the product as a user would: the image built
 // by hack/image.sh (make image: an OCI index for linux/amd64 and
-// linux/arm64) imported into the node's containerd, and `helm install` of
+// linux/arm64) imported into the node's containerd, on a node whose
+// network is a bridge at cniVersion 0.3.1, and `helm install` of
 // charts/nftredir with its defaults but the host directories, moved into
 // the test's. The daemon runs in its container, in Kubernetes mode with
 // the in-cluster ServiceAccount, and its install step chains the plugin
@@ -320,7 +329,9 @@ func TestK8sDaemonSet(t *testing.T) {
 	if fi, err := os.Stat(img.tarball); err == nil {
 		t.Logf("image %s (hack/image.sh, as make image): %d bytes (%.1f MiB)", imageTag, fi.Size(), float64(fi.Size())/(1<<20))
 	}
-	c := startCluster(t)
+	// The network at 0.3.1, as Flannel, Calico, Cilium and kindnet write
+	// theirs by default.
+	c := startClusterWith(t, kcluster.Options{ConflistVersion: "0.3.1"})
 	c.ImportImage(t, img.tarball)
 	// containerd 1.6 took the whole index and unpacked the node's own
 	// platform: the pods below run from it.

@@ -24,6 +24,7 @@ import (
 	"github.com/nftredir/nftredir/kube"
 	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/netns"
+	"github.com/nftredir/nftredir/netns/pins"
 	"github.com/nftredir/nftredir/nft"
 	"github.com/nftredir/nftredir/probe"
 	"github.com/nftredir/nftredir/server"
@@ -222,7 +223,7 @@ func serve(opts *options, root hclog.Logger) error {
 	}
 	var agent *kube.Agent
 	if opts.kubernetes {
-		if agent, err = newAgent(opts, root); err != nil {
+		if agent, err = newAgent(opts, guard, root); err != nil {
 			return err
 		}
 		pcfg.Policy = agent
@@ -253,7 +254,7 @@ func serve(opts *options, root hclog.Logger) error {
 	if err != nil {
 		return err
 	}
-	setSources(met, pods, zs, pcfg.Probe)
+	setSources(met, pods, zs, pcfg.Probe, agent)
 	lis, err := listenSocket(opts.socket, opts.socketGroup)
 	if err != nil {
 		return err
@@ -319,12 +320,20 @@ func kernelSelfTest(ctx context.Context, opts *options, root hclog.Logger) error
 }
 
 // newAgent connects Kubernetes mode to the API server.
-func newAgent(opts *options, root hclog.Logger) (*kube.Agent, error) {
+// Running pods it never saw a sandbox of are found among the runtime's
+// pins through guard, the one that vets every path the daemon programs.
+func newAgent(opts *options, guard *netns.Guard, root hclog.Logger) (*kube.Agent, error) {
 	log := root.Named("kube")
 	kube.RouteKlog(log.Named("client-go"))
 	client, err := kube.NewClient(opts.kubeconfig, "nftredird/"+opts.nodeName)
 	if err != nil {
 		return nil, err
+	}
+	var scanner *pins.Scanner
+	if len(opts.netnsDirs) > 0 {
+		if scanner, err = pins.New(pins.Config{Guard: guard, Dirs: opts.netnsDirs, Logger: log.Named("pins")}); err != nil {
+			return nil, err
+		}
 	}
 	return kube.New(kube.Config{
 		Client:   client,
@@ -332,6 +341,7 @@ func newAgent(opts *options, root hclog.Logger) (*kube.Agent, error) {
 		Selector: opts.selector(),
 		Dir:      opts.kubeStateDir,
 		Logger:   log,
+		Pins:     scanner,
 	})
 }
 

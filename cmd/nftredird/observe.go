@@ -11,6 +11,7 @@ import (
 	"github.com/nftredir/nftredir/client"
 	"github.com/nftredir/nftredir/internal/health"
 	"github.com/nftredir/nftredir/internal/metrics"
+	"github.com/nftredir/nftredir/kube"
 	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/nft"
 	"github.com/nftredir/nftredir/probe"
@@ -39,9 +40,9 @@ func observe(opts *options, cfg *server.Config, pcfg *lifecycle.Config, applier 
 	return m
 }
 
-// setSources points the scrape-time metrics at the lifecycle engine, the ZDS server
-// and the node probe table (zs and pt may be nil).
-func setSources(m *metrics.Metrics, pods *lifecycle.Manager, zs *zdsServing, pt lifecycle.ProbeTable) {
+// setSources points the scrape-time metrics at the lifecycle engine, the ZDS server,
+// the node probe table and the Kubernetes agent (zs, pt and agent may be nil).
+func setSources(m *metrics.Metrics, pods *lifecycle.Manager, zs *zdsServing, pt lifecycle.ProbeTable, agent *kube.Agent) {
 	if m == nil {
 		return
 	}
@@ -51,6 +52,12 @@ func setSources(m *metrics.Metrics, pods *lifecycle.Manager, zs *zdsServing, pt 
 	}
 	if pm, ok := pt.(*probe.Manager); ok {
 		src.ProbeAddresses = pm.Addresses
+	}
+	if agent != nil {
+		src.Discovery = func() metrics.Discovery {
+			d := agent.DiscoveryStats()
+			return metrics.Discovery{Outcomes: d.Outcomes, Unproven: d.Unproven, Scans: d.Scans, ScanSeconds: d.ScanSeconds}
+		}
 	}
 	m.SetSources(src)
 }
