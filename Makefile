@@ -8,15 +8,15 @@ export PATH := $(BIN):$(PATH)
 
 PKGS := ./...
 
-.PHONY: all build image test unit race lint lint-go staticcheck demo bench deps deps-k8s deps-istio e2e-k8s e2e-istio clean fuzz
+.PHONY: all build image test unit race lint lint-go staticcheck demo bench deps deps-k8s deps-helm deps-istio e2e-k8s e2e-istio clean fuzz
 
 all: build
 
 deps:
 	@hack/deps.sh
 
-# deps and the Kubernetes binaries of the cluster tests, cached once per
-# machine in /var/cache/nftredir (NFTREDIR_TOOLS_CACHE moves it).
+# deps and the Kubernetes binaries of the cluster tests and helm, cached
+# once per machine in /var/cache/nftredir (NFTREDIR_TOOLS_CACHE moves it).
 deps-k8s:
 	@NFTREDIR_DEPS_K8S=1 hack/deps.sh
 
@@ -25,6 +25,10 @@ deps-k8s:
 # binary, which is not built here: ZTUNNEL_BIN=/path/to/ztunnel.
 deps-istio:
 	@NFTREDIR_DEPS_K8S=1 NFTREDIR_DEPS_ISTIO=1 hack/deps.sh
+
+# helm alone (the chart's tests in deploy/ need it), into the same cache.
+deps-helm:
+	@hack/helm.sh >/dev/null
 
 # Static binaries (no cgo, no libc): they run from a scratch image and on
 # any node, whatever its libc (and nftredir-cni, exec'd once per pod and
@@ -35,17 +39,16 @@ build:
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build -buildvcs=auto -ldflags "$$(hack/version-ldflags.sh)" -o $(BIN)/ ./cmd/... ./tools/...
 
-# image is the scratch-style OCI image of the static binaries, built
-# offline (no base image, no registry) as a docker-archive tarball:
-#   ctr -n k8s.io images import bin/nftredir-image.tar   (or docker load -i)
-# Its binaries are make build's without the symbol table and DWARF (-s -w,
-# a third smaller; stack traces and --version are unaffected).
+# image is the scratch-style image of the static binaries for linux/amd64
+# and linux/arm64 (GOARCH cross-builds), one OCI image index built offline
+# (no base image, no registry), as an OCI image layout tarball:
+#   ctr -n k8s.io images import bin/nftredir-image.tar   (or docker load -i, Docker 25+)
+# The node's containerd unpacks its own platform. See hack/image.sh.
 IMAGE ?= nftredir:dev
 image:
 	@mkdir -p $(BIN)/image
-	CGO_ENABLED=0 $(GO) build -buildvcs=auto -trimpath -ldflags "-s -w $$(hack/version-ldflags.sh)" -o $(BIN)/image/ ./cmd/nftredird ./cmd/nftredirctl ./cmd/nftredir-cni
 	$(GO) build -o $(BIN)/ ./tools/mkimage
-	MKIMAGE=$(BIN)/mkimage hack/image.sh $(BIN)/image $(BIN)/nftredir-image.tar $(IMAGE)
+	MKIMAGE=$(BIN)/mkimage hack/image.sh $(BIN)/nftredir-image.tar $(IMAGE) $(BIN)/image
 
 # lint checks Go (gofmt, vet, staticcheck at a pinned version) and the
 # API's protobuf (buf and staticcheck are built into ./bin on first use);
@@ -124,7 +127,7 @@ e2e-istio: deps-istio
 	$(GO) test -count=1 -timeout 15m -run '^TestIstio' -v ./e2e/
 
 # Pure tests only: no root, no kernel.
-unit:
+unit: deps-helm
 	NFTREDIR_SKIP_PRIVILEGED=1 $(GO) test -count=1 $(PKGS)
 
 demo: deps build

@@ -1,4 +1,6 @@
 // Package deploy holds no code: its tests check the deployment files
-// beside it (the systemd unit, the Kubernetes manifests) against the
-// programs they run.
+// against the programs they run: the systemd units beside it, and the
+// Helm chart in ../charts/nftredir (helm lint, the rendered manifests of
+// each platform profile as golden files in testdata/, and what the
+// daemon and the install step need of them).
 package deploy

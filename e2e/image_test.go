@@ -8,74 +8,181 @@ import (
 	"debug/elf"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/nftredir/nftredir/internal/nstest"
 )
 
-// imageTag is make image's default tag, the one deploy/kubernetes names.
+// imageTag is make image's default tag, the chart's default image.
 const imageTag = "nftredir:dev"
 
-// buildImage runs hack/image.sh, make image's builder, on the test's
-// binaries.
-func buildImage(t *testing.T) (string, Binaries) {
-	t.Helper()
-	bin := binaries(t)
-	out := filepath.Join(t.TempDir(), "nftredir-image.tar")
-	cmd := exec.Command(filepath.Join(bin.Repo, "hack", "image.sh"), filepath.Dir(bin.Daemon), out, imageTag)
-	cmd.Dir = bin.Repo
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("hack/image.sh: %v\n%s", err, b)
-	} else {
-		t.Logf("%s", bytes.TrimSpace(b))
-	}
-	return out, bin
+// imagePlatforms are make image's: one image each under the index.
+var imagePlatforms = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
+
+// builtImage is hack/image.sh's output: the tarball and the binaries of
+// each platform it put in the image.
+type builtImage struct {
+	tarball string
+	binRoot string // binRoot/linux-<arch>/<binary>
 }
 
-// TestImage reads the tarball as docker load and ctr import do: one
-// tagged image whose single layer holds the three static binaries,
-// byte for byte, root-owned, with nftredird as the entrypoint.
+var (
+	imageOnce sync.Once
+	imageDir  string
+	imageErr  error
+	imageOut  string
+)
+
+// buildImage runs hack/image.sh, make image's builder, once per test
+// binary: it cross-compiles the binaries for every platform and writes
+// the index, under binDir (TestMain removes it).
+func buildImage(t *testing.T) (builtImage, Binaries) {
+	t.Helper()
+	bin := binaries(t)
+	imageOnce.Do(func() {
+		imageDir = filepath.Join(binDir, "image")
+		start := time.Now()
+		out := filepath.Join(imageDir, "nftredir-image.tar")
+		cmd := exec.Command(filepath.Join(bin.Repo, "hack", "image.sh"), out, imageTag, filepath.Join(imageDir, "bin"))
+		cmd.Dir = bin.Repo
+		b, err := cmd.CombinedOutput()
+		if err != nil {
+			imageErr = fmt.Errorf("hack/image.sh: %v\n%s", err, b)
+			return
+		}
+		imageOut = fmt.Sprintf("%s (%s)", bytes.TrimSpace(b), time.Since(start).Round(time.Millisecond))
+	})
+	if imageErr != nil {
+		t.Fatal(imageErr)
+	}
+	t.Logf("%s", imageOut)
+	return builtImage{tarball: filepath.Join(imageDir, "nftredir-image.tar"), binRoot: filepath.Join(imageDir, "bin")}, bin
+}
+
+// untarLayout unpacks an OCI image layout tarball.
+func untarLayout(t *testing.T, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	dir := t.TempDir()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return dir
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, filepath.FromSlash(h.Name))
+		if !strings.HasPrefix(p, dir+string(filepath.Separator)) {
+			t.Fatalf("tar entry %q leaves the layout", h.Name)
+		}
+		if h.Typeflag == tar.TypeDir {
+			os.MkdirAll(p, 0o755)
+			continue
+		}
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		b, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestImage reads the tarball as ctr import and docker load do: an OCI
+// layout whose index.json names one image index, tagged nftredir:dev,
+// holding one image per platform (linux/amd64 and linux/arm64), each a
+// single layer with the three static binaries of its architecture, byte
+// for byte the ones hack/image.sh built, root-owned, with nftredird as
+// the entrypoint.
 func TestImage(t *testing.T) {
-	path, bin := buildImage(t)
-	mf, err := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(path) })
+	img, _ := buildImage(t)
+	top, err := layout.ImageIndexFromPath(untarLayout(t, img.tarball))
 	if err != nil {
-		t.Fatalf("manifest.json: %v", err)
+		t.Fatalf("OCI layout: %v", err)
 	}
-	if len(mf) != 1 || len(mf[0].RepoTags) != 1 || mf[0].RepoTags[0] != imageTag {
-		t.Fatalf("manifest %+v; want one image tagged %s", mf, imageTag)
+	im, err := top.IndexManifest()
+	if err != nil || len(im.Manifests) != 1 {
+		t.Fatalf("index.json %+v (%v); want one entry", im, err)
 	}
-	tag, err := name.NewTag(imageTag)
+	if d := im.Manifests[0]; d.MediaType != types.OCIImageIndex || d.Annotations["io.containerd.image.name"] != "docker.io/library/"+imageTag ||
+		d.Annotations["org.opencontainers.image.ref.name"] != "dev" {
+		t.Fatalf("index.json entry %+v; want an image index named docker.io/library/%s (what the kubelet resolves %q to)", d, imageTag, imageTag)
+	}
+	idx, err := top.ImageIndex(im.Manifests[0].Digest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	img, err := tarball.ImageFromPath(path, &tag)
+	m, err := idx.IndexManifest()
 	if err != nil {
 		t.Fatal(err)
 	}
+	seen := map[string]bool{}
+	for _, md := range m.Manifests {
+		if md.Platform == nil || md.Platform.OS != "linux" {
+			t.Errorf("manifest %s: platform %+v", md.Digest, md.Platform)
+			continue
+		}
+		arch := md.Platform.Architecture
+		machine, ok := imagePlatforms[arch]
+		if !ok || seen[arch] {
+			t.Errorf("unexpected or repeated platform linux/%s", arch)
+			continue
+		}
+		seen[arch] = true
+		image, err := idx.Image(md.Digest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkPlatformImage(t, image, arch, machine, filepath.Join(img.binRoot, "linux-"+arch))
+	}
+	for arch := range imagePlatforms {
+		if !seen[arch] {
+			t.Errorf("the index has no linux/%s image", arch)
+		}
+	}
+	if fi, err := os.Stat(img.tarball); err == nil {
+		t.Logf("image tarball: %d KiB, platforms %v", fi.Size()/1024, slices.Sorted(maps.Keys(seen)))
+	}
+}
+
+func checkPlatformImage(t *testing.T, img v1.Image, arch string, machine elf.Machine, binDir string) {
+	t.Helper()
 	cf, err := img.ConfigFile()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if ep := cf.Config.Entrypoint; len(ep) != 1 || ep[0] != "/usr/local/bin/nftredird" {
-		t.Errorf("entrypoint %q; want /usr/local/bin/nftredird", ep)
+		t.Errorf("%s: entrypoint %q; want /usr/local/bin/nftredird", arch, ep)
 	}
-	if cf.OS != "linux" || cf.Architecture == "" {
-		t.Errorf("platform %s/%s", cf.OS, cf.Architecture)
+	if cf.OS != "linux" || cf.Architecture != arch {
+		t.Errorf("%s: config platform %s/%s", arch, cf.OS, cf.Architecture)
 	}
 	layers, err := img.Layers()
 	if err != nil || len(layers) != 1 {
-		t.Fatalf("%d layers (%v); want 1", len(layers), err)
+		t.Fatalf("%s: %d layers (%v); want 1", arch, len(layers), err)
 	}
 	rc, err := layers[0].Uncompressed()
 	if err != nil {
@@ -83,9 +190,9 @@ func TestImage(t *testing.T) {
 	}
 	defer rc.Close()
 	want := map[string]string{
-		"usr/local/bin/nftredird":    bin.Daemon,
-		"usr/local/bin/nftredirctl":  bin.Ctl,
-		"usr/local/bin/nftredir-cni": bin.CNI,
+		"usr/local/bin/nftredird":    filepath.Join(binDir, "nftredird"),
+		"usr/local/bin/nftredirctl":  filepath.Join(binDir, "nftredirctl"),
+		"usr/local/bin/nftredir-cni": filepath.Join(binDir, "nftredir-cni"),
 	}
 	seen := map[string]bool{}
 	tr := tar.NewReader(rc)
@@ -99,7 +206,7 @@ func TestImage(t *testing.T) {
 		}
 		name := strings.TrimPrefix(h.Name, "/")
 		if h.Uid != 0 || h.Gid != 0 {
-			t.Errorf("%s owned by %d:%d; want root", name, h.Uid, h.Gid)
+			t.Errorf("%s: %s owned by %d:%d; want root", arch, name, h.Uid, h.Gid)
 		}
 		src, ok := want[name]
 		if !ok {
@@ -107,7 +214,7 @@ func TestImage(t *testing.T) {
 		}
 		seen[name] = true
 		if h.Typeflag != tar.TypeReg || h.Mode&0o777 != 0o755 {
-			t.Errorf("%s: type %c mode %#o; want a 0755 file", name, h.Typeflag, h.Mode)
+			t.Errorf("%s: %s: type %c mode %#o; want a 0755 file", arch, name, h.Typeflag, h.Mode)
 		}
 		got, err := io.ReadAll(tr)
 		if err != nil {
@@ -118,25 +225,25 @@ func TestImage(t *testing.T) {
 			t.Fatal(err)
 		}
 		if sha256.Sum256(got) != sha256.Sum256(orig) {
-			t.Errorf("%s differs from %s", name, src)
+			t.Errorf("%s: %s differs from %s", arch, name, src)
 		}
 		f, err := elf.NewFile(bytes.NewReader(got))
 		if err != nil {
-			t.Fatalf("%s: %v", name, err)
+			t.Fatalf("%s: %s: %v", arch, name, err)
+		}
+		if f.Machine != machine {
+			t.Errorf("%s: %s is built for %v; want %v", arch, name, f.Machine, machine)
 		}
 		for _, p := range f.Progs {
 			if p.Type == elf.PT_INTERP {
-				t.Errorf("%s is dynamically linked: a scratch image has no loader", name)
+				t.Errorf("%s: %s is dynamically linked: a scratch image has no loader", arch, name)
 			}
 		}
 	}
 	for n := range want {
 		if !seen[n] {
-			t.Errorf("the layer has no %s", n)
+			t.Errorf("%s: the layer has no %s", arch, n)
 		}
-	}
-	if fi, err := os.Stat(path); err == nil {
-		t.Logf("image tarball: %d KiB", fi.Size()/1024)
 	}
 }
 
@@ -173,7 +280,7 @@ func TestImageImportAndRun(t *testing.T) {
 	if !ok {
 		t.Skip("no containerd and ctr here (hack/k8s-tools.sh caches them)")
 	}
-	path, _ := buildImage(t)
+	img, _ := buildImage(t)
 	dir, err := os.MkdirTemp("/run", "nftredir-e2e-containerd-")
 	if err != nil {
 		t.Fatal(err)
@@ -245,7 +352,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.a
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if out, err := ctr("images", "import", "--snapshotter", "native", path); err != nil {
+	if out, err := ctr("images", "import", "--snapshotter", "native", img.tarball); err != nil {
 		t.Fatalf("ctr images import: %v\n%s", err, out)
 	}
 	ref := "docker.io/library/" + imageTag

@@ -33,7 +33,7 @@ func TestK8sCNI031(t *testing.T) {
 	}
 
 	c.CreateNamespace(t, "nftredir-system", nil)
-	c.Apply(t, "-f", filepath.Join(bin.Repo, "deploy", "kubernetes", "rbac.yaml"))
+	c.ApplyYAML(t, chartRBAC(t, c))
 	kubeconfig := c.ServiceAccountKubeconfig(t, "nftredir-system", "nftredir")
 	dir := t.TempDir()
 	m := &meshCluster{Cluster: c, zds: filepath.Join(dir, "zds.sock"), cniLog: filepath.Join(dir, "cni.log")}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -22,15 +24,18 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/nftredir/nftredir/client"
+	"github.com/nftredir/nftredir/internal/helmbin"
 	"github.com/nftredir/nftredir/internal/kcluster"
 	"github.com/nftredir/nftredir/internal/kubelookup"
 	"github.com/nftredir/nftredir/internal/nstest"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
-// dsNamespace and dsSelector are deploy/kubernetes's.
+// dsNamespace and dsSelector are the chart's, installed as docs/deploy.md
+// says: release nftredir in namespace nftredir-system.
 const (
 	dsNamespace = "nftredir-system"
+	dsRelease   = "nftredir"
 	dsSelector  = "app.kubernetes.io/name=nftredir"
 	// dsClientUID dials pods from the node: any uid but the kubelet's.
 	dsClientUID = 4343
@@ -44,96 +49,74 @@ type dsHost struct {
 
 func (h dsHost) socket() string { return filepath.Join(h.run, "nftredir.sock") }
 
-// writeDSOverlay writes a kustomization whose base is the repository's
-// deploy/kubernetes and which changes only what must differ in the test
-// cluster: the host directories (the cluster's CNI dirs, temporary dirs
-// instead of the machine's /run/nftredir, /var/run/ztunnel, /usr/lib/cni
-// and /var/lib/cni/nftredir), the primary network's name, and the image
-// pull policy (the image is imported, there is no registry).
-func writeDSOverlay(t *testing.T, repo string, c *kcluster.Cluster, h dsHost) string {
+// writeDSValues writes the values file of the test's helm install: the
+// chart's defaults but what must differ in the test cluster: the host
+// directories (the cluster's CNI dirs, temporary dirs instead of the
+// machine's /run/nftredir, /var/run/ztunnel and /var/lib/cni/nftredir,
+// and a second CNI bin dir standing for Debian's /usr/lib/cni), the
+// primary network's name, the plugin's log, and the image pull policy
+// (the image is imported, there is no registry).
+func writeDSValues(t *testing.T, c *kcluster.Cluster, h dsHost) string {
 	t.Helper()
-	dir := t.TempDir()
-	base, err := filepath.Rel(dir, filepath.Join(repo, "deploy", "kubernetes"))
+	values := map[string]any{
+		"image": map[string]any{"pullPolicy": "Never"},
+		"hostPaths": map[string]any{
+			"cniBinDirs": []string{c.CNIBinDir, h.cniBinLib},
+			"cniConfDir": c.CNIConfDir,
+			"runDir":     h.run,
+			"ztunnelDir": h.ztunnel,
+		},
+		"cni": map[string]any{
+			"confName":     kcluster.ConflistName,
+			"pluginConfig": map[string]any{"dataDir": h.cniData, "logFile": h.cniLog, "logLevel": "debug"},
+		},
+	}
+	b, err := json.MarshalIndent(values, "", "  ")
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The plugin's entry as a file, for the keys the install step has no
-	// flag for (dataDir); the ConfigMap's NFTREDIR_CNI_* still win.
-	entry, err := json.Marshal(map[string]any{
-		"type":     "nftredir-cni",
-		"dataDir":  h.cniData,
-		"logFile":  h.cniLog,
-		"logLevel": "debug",
-	})
+	// JSON is YAML: helm reads it as a values file.
+	path := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// chartRBAC is the chart's ServiceAccount and RBAC, for the tests that
+// run nftredird as a host process with its identity.
+func chartRBAC(t *testing.T, c *kcluster.Cluster) string {
+	t.Helper()
+	return helm(t, c, "template", dsRelease, filepath.Join(binaries(t).Repo, "charts", "nftredir"),
+		"--namespace", dsNamespace, "--show-only", "templates/rbac.yaml")
+}
+
+// helm runs the pinned helm against the cluster, inside its node
+// namespace, with no user configuration of the machine's.
+func helm(t *testing.T, c *kcluster.Cluster, args ...string) string {
+	t.Helper()
+	out, err := helmErr(t, c, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	files := map[string]string{
-		"entry.json": string(entry),
-		"kustomization.yaml": fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources:
-  - %s
-configMapGenerator:
-  - name: nftredir-test-entry
-    namespace: %s
-    files:
-      - entry.json
-patches:
-  - path: configmap.yaml
-  - path: daemonset.yaml
-`, base, dsNamespace),
-		"configmap.yaml": fmt.Sprintf(`apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: nftredir
-  namespace: %s
-data:
-  NFTREDIR_CNI_CONF_NAME: %q
-  NFTREDIR_CNI_SOCKET: %q
-  NFTREDIR_CNI_PLUGIN_CONFIG: /etc/nftredir-test/entry.json
-`, dsNamespace, kcluster.ConflistName, h.socket()),
-		"daemonset.yaml": fmt.Sprintf(`apiVersion: apps/v1
-kind: DaemonSet
-metadata:
-  name: nftredir
-  namespace: %s
-spec:
-  template:
-    spec:
-      containers:
-        - name: nftredird
-          imagePullPolicy: Never
-        - name: install-cni
-          imagePullPolicy: Never
-          env:
-            - name: NFTREDIR_CNI_CONF_DIR_ON_HOST
-              value: %q
-          volumeMounts:
-            - name: test-entry
-              mountPath: /etc/nftredir-test
-              readOnly: true
-      volumes:
-        - name: run-nftredir
-          hostPath: {path: %q}
-        - name: ztunnel
-          hostPath: {path: %q}
-        - name: cni-bin-opt
-          hostPath: {path: %q}
-        - name: cni-bin-lib
-          hostPath: {path: %q}
-        - name: cni-conf
-          hostPath: {path: %q}
-        - name: test-entry
-          configMap: {name: nftredir-test-entry}
-`, dsNamespace, c.CNIConfDir, h.run, h.ztunnel, c.CNIBinDir, h.cniBinLib, c.CNIConfDir),
+	return out
+}
+
+func helmErr(t *testing.T, c *kcluster.Cluster, args ...string) (string, error) {
+	t.Helper()
+	bin, err := helmbin.Path()
+	if err != nil {
+		t.Fatal(err)
 	}
-	for name, body := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
+	cmd := c.NodeCommand(bin, append(args, "--kubeconfig", c.AdminKubeconfig)...)
+	home := t.TempDir()
+	cmd.Env = append(cmd.Env, "HELM_CONFIG_HOME="+home, "HELM_CACHE_HOME="+home, "HELM_DATA_HOME="+home)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("helm %s: %v\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
 	}
-	return dir
+	return stdout.String(), nil
 }
 
 // dsPods are the DaemonSet's pods that are not being deleted.
@@ -203,8 +186,8 @@ func conflistTypes(t *testing.T, c *kcluster.Cluster) ([]string, map[string]any)
 	if err := json.Unmarshal(raw, &l); err != nil {
 		t.Fatalf("%s: %v\n%s", kcluster.ConflistName, err, raw)
 	}
-	if l.CNIVersion != kcluster.CNIVersion {
-		t.Errorf("%s has cniVersion %q; the primary CNI wrote %q", kcluster.ConflistName, l.CNIVersion, kcluster.CNIVersion)
+	if l.CNIVersion != c.ConflistVersion {
+		t.Errorf("%s has cniVersion %q; the primary CNI wrote %q", kcluster.ConflistName, l.CNIVersion, c.ConflistVersion)
 	}
 	var types []string
 	var entry map[string]any
@@ -263,7 +246,7 @@ func criHasPlugin(ctx context.Context, rs runtimeapi.RuntimeServiceClient) (bool
 // primary CNI's own installer does (write a temporary file, rename).
 func rewriteConflist(t *testing.T, c *kcluster.Cluster) {
 	t.Helper()
-	b, err := json.MarshalIndent(map[string]any{"cniVersion": kcluster.CNIVersion, "name": "kcluster", "plugins": []any{c.BridgePlugin()}}, "", "  ")
+	b, err := json.MarshalIndent(map[string]any{"cniVersion": c.ConflistVersion, "name": "kcluster", "plugins": []any{c.BridgePlugin()}}, "", "  ")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,20 +317,30 @@ func nodeTables(t *testing.T, c *kcluster.Cluster) string {
 }
 
 // TestK8sDaemonSet deploys the product as a user would: the image built
-// by hack/image.sh imported into the node's containerd, and `kubectl
-// apply -k` of deploy/kubernetes (through an overlay that only moves host
-// directories into the test's). The daemon runs in its container, in
-// Kubernetes mode with the in-cluster ServiceAccount, and its install step
-// chains the plugin into the cluster's network. Real pods, real TCP.
+// by hack/image.sh (make image: an OCI index for linux/amd64 and
+// linux/arm64) imported into the node's containerd, on a node whose
+// network is a bridge at cniVersion 0.3.1, and `helm install` of
+// charts/nftredir with its defaults but the host directories, moved into
+// the test's. The daemon runs in its container, in Kubernetes mode with
+// the in-cluster ServiceAccount, and its install step chains the plugin
+// into the cluster's network. Real pods, real TCP.
 func TestK8sDaemonSet(t *testing.T) {
 	begin := time.Now()
-	tarball, bin := buildImage(t)
-	if fi, err := os.Stat(tarball); err == nil {
-		// This run's binaries, not stripped as make image's are.
-		t.Logf("image %s (hack/image.sh of the test's binaries): %d bytes (%.1f MiB)", imageTag, fi.Size(), float64(fi.Size())/(1<<20))
+	img, bin := buildImage(t)
+	if fi, err := os.Stat(img.tarball); err == nil {
+		t.Logf("image %s (hack/image.sh, as make image): %d bytes (%.1f MiB)", imageTag, fi.Size(), float64(fi.Size())/(1<<20))
 	}
-	c := startCluster(t)
-	c.ImportImage(t, tarball)
+	// The network at 0.3.1, as Flannel, Calico, Cilium and kindnet write
+	// theirs by default.
+	c := startClusterWith(t, kcluster.Options{ConflistVersion: "0.3.1"})
+	c.ImportImage(t, img.tarball)
+	// containerd 1.6 took the whole index and unpacked the node's own
+	// platform: the pods below run from it.
+	ls, err := exec.Command(c.ToolPath("ctr"), "--address", c.ContainerdSocket, "--namespace", "k8s.io", "images", "ls", "name==docker.io/library/"+imageTag).CombinedOutput()
+	if err != nil || !strings.Contains(string(ls), "linux/amd64") || !strings.Contains(string(ls), "linux/arm64") {
+		t.Fatalf("ctr images ls after the import: %v\n%s\nwant docker.io/library/%s listing linux/amd64 and linux/arm64", err, ls, imageTag)
+	}
+	t.Logf("ctr -n k8s.io images ls after ctr images import of the index:\n%s", ls)
 
 	tmp := t.TempDir()
 	h := dsHost{
@@ -358,7 +351,7 @@ func TestK8sDaemonSet(t *testing.T) {
 		cniLog:    filepath.Join(tmp, "cni.log"),
 	}
 	// There before the pod, as a node's own directories are: the install
-	// step copies the plugin into both bin dirs.
+	// step copies the plugin into both bin dirs (the second must exist).
 	for _, d := range []string{h.run, h.ztunnel, h.cniBinLib} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -372,25 +365,29 @@ func TestK8sDaemonSet(t *testing.T) {
 			}
 		}
 	})
-	overlay := writeDSOverlay(t, bin.Repo, c, h)
-	rendered := c.Kubectl(t, "kustomize", overlay)
-	for _, want := range []string{h.socket(), c.CNIBinDir, c.CNIConfDir, "imagePullPolicy: Never", "image: nftredir:dev"} {
+	chart := filepath.Join(bin.Repo, "charts", "nftredir")
+	values := writeDSValues(t, c, h)
+	rendered := helm(t, c, "template", dsRelease, chart, "--namespace", dsNamespace, "-f", values)
+	for _, want := range []string{h.socket(), c.CNIBinDir, c.CNIConfDir, h.cniBinLib, "imagePullPolicy: Never", `image: "nftredir:dev"`} {
 		if !strings.Contains(rendered, want) {
-			t.Fatalf("kubectl kustomize %s lacks %q:\n%s", overlay, want, rendered)
+			t.Fatalf("helm template -f %s lacks %q:\n%s", values, want, rendered)
 		}
 	}
 	for _, never := range []string{"path: /run/nftredir\n", "path: /var/run/ztunnel\n", "path: /etc/cni/net.d\n", "path: /opt/cni/bin\n", "path: /usr/lib/cni\n"} {
 		if strings.Contains(rendered, never) {
-			t.Fatalf("the overlay still mounts the machine's %q", strings.TrimSpace(never))
+			t.Fatalf("the values still mount the machine's %q", strings.TrimSpace(never))
 		}
 	}
+	// As docs/deploy.md: the namespace first, at the privileged Pod
+	// Security level (hostNetwork, hostPath, capabilities).
+	c.CreateNamespace(t, dsNamespace, map[string]string{"pod-security.kubernetes.io/enforce": "privileged"})
 	applyStart := time.Now()
-	t.Logf("kubectl apply -k:\n%s", c.Apply(t, "-k", overlay))
+	t.Logf("helm install:\n%s", helm(t, c, "install", dsRelease, chart, "--namespace", dsNamespace, "-f", values))
 
 	var daemonPod corev1.Pod
 	t.Run("DaemonSet pod Ready", func(t *testing.T) {
 		daemonPod = waitDSPodReady(t, c)
-		t.Logf("DaemonSet pod %s Ready %s after apply", daemonPod.Name, time.Since(applyStart).Round(time.Millisecond))
+		t.Logf("DaemonSet pod %s Ready %s after helm install", daemonPod.Name, time.Since(applyStart).Round(time.Millisecond))
 		t.Logf("kubectl get ds,pods -A -o wide:\n%s", c.Kubectl(t, "get", "ds,pods", "-A", "-o", "wide"))
 		if !daemonPod.Spec.HostNetwork || daemonPod.Status.PodIP != c.NodeIP.String() {
 			t.Errorf("daemon pod hostNetwork=%v IP %s; want the node's %s", daemonPod.Spec.HostNetwork, daemonPod.Status.PodIP, c.NodeIP)
@@ -413,6 +410,12 @@ func TestK8sDaemonSet(t *testing.T) {
 		if entry["socket"] != h.socket() || entry["dataDir"] != h.cniData {
 			t.Errorf("entry %v; want socket %s and dataDir %s", entry, h.socket(), h.cniData)
 		}
+		for _, d := range []string{c.CNIBinDir, h.cniBinLib} {
+			fi, err := os.Stat(filepath.Join(d, "nftredir-cni"))
+			if err != nil || fi.Mode()&0o111 == 0 {
+				t.Errorf("plugin binary in %s: %v %v", d, fi, err)
+			}
+		}
 		// NFTREDIR_KUBERNETES puts the install step in Kubernetes mode
 		// too: the kubeconfig of the plugin's own lookups, from the
 		// pod's service account, next to the conflist.
@@ -434,12 +437,6 @@ func TestK8sDaemonSet(t *testing.T) {
 		defer cancel()
 		if _, err := lc.NamespaceLabels(ctx, "kube-system"); err != nil {
 			t.Errorf("the plugin's kubeconfig does not read the API: %v", err)
-		}
-		for _, d := range []string{c.CNIBinDir, h.cniBinLib} {
-			fi, err := os.Stat(filepath.Join(d, "nftredir-cni"))
-			if err != nil || fi.Mode()&0o111 == 0 {
-				t.Errorf("plugin binary in %s: %v %v", d, fi, err)
-			}
 		}
 		raw, _ := os.ReadFile(filepath.Join(c.CNIConfDir, kcluster.ConflistName))
 		t.Logf("%s after the install step:\n%s", kcluster.ConflistName, raw)
@@ -591,8 +588,10 @@ func TestK8sDaemonSet(t *testing.T) {
 		if !strings.Contains(nodeTables(t, c), "table inet nftredir-node") {
 			t.Fatalf("no inet nftredir-node in the node before uninstall (NFTREDIR_KUBELET_UID=0 should make it):\n%s", nodeTables(t, c))
 		}
-		c.Kubectl(t, "-n", dsNamespace, "patch", "configmap", "nftredir", "--type", "merge", "-p", `{"data":{"NFTREDIR_CLEANUP_ON_EXIT":"true"}}`)
-		c.Kubectl(t, "-n", dsNamespace, "rollout", "restart", "daemonset/nftredir")
+		// docs/deploy.md's two steps: roll the pods to ones that clean up
+		// when they stop (the settings' checksum changes), then uninstall.
+		t.Logf("helm upgrade --set cleanupOnExit=true:\n%s", helm(t, c, "upgrade", dsRelease, chart, "--namespace", dsNamespace, "--reuse-values",
+			"--set", "cleanupOnExit=true", "--wait", "--timeout", "120s"))
 		c.Kubectl(t, "-n", dsNamespace, "rollout", "status", "daemonset/nftredir", "--timeout=120s")
 		restarted := waitDSPodReady(t, c, daemonPod.Name)
 		t.Logf("restarted as %s with cleanup on exit", restarted.Name)
@@ -601,7 +600,7 @@ func TestK8sDaemonSet(t *testing.T) {
 			t.Fatalf("plugin gone after the restart alone: %v", types)
 		}
 		start := time.Now()
-		t.Logf("kubectl delete -k:\n%s", c.Kubectl(t, "delete", "-k", overlay, "--wait=true", "--timeout=120s"))
+		t.Logf("helm uninstall:\n%s", helm(t, c, "uninstall", dsRelease, "--namespace", dsNamespace, "--wait", "--timeout", "120s"))
 		deadline := time.Now().Add(kcluster.DefaultTimeout)
 		for len(dsAllPods(t, c)) > 0 {
 			if time.Now().After(deadline) {

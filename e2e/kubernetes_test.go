@@ -28,7 +28,7 @@ import (
 // meshCluster is a real single-node cluster whose pods are chained through
 // nftredir-cni to an nftredird in Kubernetes mode, running as a host
 // process in the cluster's node namespace with the ServiceAccount and
-// ClusterRole of deploy/kubernetes/rbac.yaml.
+// ClusterRole of charts/nftredir (templates/rbac.yaml, rendered by helm).
 type meshCluster struct {
 	*kcluster.Cluster
 	daemon     *nftredird
@@ -63,7 +63,7 @@ func newMeshCluster(t *testing.T) *meshCluster {
 	bin := binaries(t)
 	c.InstallCNIPlugin(t, "nftredir-cni", bin.CNI)
 	c.CreateNamespace(t, "nftredir-system", nil)
-	c.Apply(t, "-f", filepath.Join(bin.Repo, "deploy", "kubernetes", "rbac.yaml"))
+	c.ApplyYAML(t, chartRBAC(t, c))
 	dir := t.TempDir()
 	m := &meshCluster{Cluster: c, dir: dir, zds: filepath.Join(dir, "zds.sock"), cniLog: filepath.Join(dir, "cni.log")}
 	m.kubeconfig = c.ServiceAccountKubeconfig(t, "nftredir-system", "nftredir")

@@ -63,3 +63,9 @@ fi
 if [[ "${NFTREDIR_DEPS_ISTIO:-0}" == 1 ]]; then
 	hack/istio-tools.sh >/dev/null
 fi
+# helm at a pinned version, for the chart's tests (deploy/: helm lint,
+# helm template) and the cluster test's helm install: built from the Go
+# module proxy once per machine into the same cache. See hack/helm.sh.
+if [[ "${NFTREDIR_DEPS_K8S:-0}" == 1 || "${NFTREDIR_DEPS_HELM:-0}" == 1 ]]; then
+	hack/helm.sh >/dev/null
+fi

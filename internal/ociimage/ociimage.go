@@ -1,8 +1,10 @@
 // Package ociimage builds scratch-style container images from local files
-// (static binaries, typically) and writes them as docker-archive tarballs,
-// which both `docker load` and `ctr images import` read. No base image and
-// no registry are involved, so it works offline. tools/mkimage is its
-// command line; internal/kcluster uses it for the test cluster's images.
+// (static binaries, typically): one image as a docker-archive tarball
+// (Write), or one image per platform under an OCI image index as an OCI
+// image layout tarball (WriteIndex). `ctr images import` reads both and
+// `docker load` (Docker 25 and later for the index). No base image and no
+// registry are involved, so it works offline. tools/mkimage is its command
+// line; internal/kcluster uses it for the test cluster's images.
 package ociimage
 
 import (
@@ -11,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 	"runtime"
@@ -21,8 +24,10 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
 // Spec is one image: a single layer of Files and Dirs, and its config.
@@ -49,34 +54,170 @@ type File struct {
 	Mode os.FileMode
 }
 
-// Write builds the image and writes it to out. The image is reproducible:
-// every timestamp is the Unix epoch and every file is owned by root. A
-// failed write leaves nothing at out.
+// Write builds the image and writes it to out as a docker-archive
+// tarball. The image is reproducible: every timestamp is the Unix epoch
+// and every file is owned by root. A failed write leaves nothing at out.
 func Write(out string, s Spec) error {
 	ref, err := name.NewTag(s.Tag)
 	if err != nil {
 		return fmt.Errorf("tag: %w", err)
 	}
-	if err := s.validate(); err != nil {
+	img, err := s.image(types.DockerManifestSchema2, types.DockerConfigJSON, types.DockerLayer)
+	if err != nil {
 		return err
+	}
+	// Written beside the target and renamed, so a failed run leaves no
+	// half tarball that an import would choke on.
+	tmp := out + ".tmp"
+	if err := tarball.WriteToFile(tmp, ref, img); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return os.Rename(tmp, out)
+}
+
+// WriteIndex builds one image per spec, each for its Arch (linux), and
+// writes them under one OCI image index, named tag, as an OCI image
+// layout tarball: a runtime pulls or imports the index and runs the image
+// of its own platform. Each spec's Tag is ignored. Reproducible as Write
+// is; a failed write leaves nothing at out.
+func WriteIndex(out, tag string, specs []Spec) error {
+	ref, err := name.NewTag(tag)
+	if err != nil {
+		return fmt.Errorf("tag: %w", err)
+	}
+	if len(specs) == 0 {
+		return errors.New("no platform given")
+	}
+	var adds []mutate.IndexAddendum
+	seen := map[string]bool{}
+	for _, s := range specs {
+		if s.Arch == "" {
+			return errors.New("every platform of an index needs its Arch")
+		}
+		if seen[s.Arch] {
+			return fmt.Errorf("platform linux/%s given twice", s.Arch)
+		}
+		seen[s.Arch] = true
+		img, err := s.image(types.OCIManifestSchema1, types.OCIConfigJSON, types.OCILayer)
+		if err != nil {
+			return fmt.Errorf("linux/%s: %w", s.Arch, err)
+		}
+		adds = append(adds, mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{
+			Platform: &v1.Platform{OS: "linux", Architecture: s.Arch},
+		}})
+	}
+	idx := mutate.IndexMediaType(mutate.AppendManifests(empty.Index, adds...), types.OCIImageIndex)
+	// index.json lists the image index under the names importers read:
+	// containerd's (the full reference, which the kubelet asks for) and
+	// the OCI one (the tag).
+	top := mutate.AppendManifests(empty.Index, mutate.IndexAddendum{Add: idx, Descriptor: v1.Descriptor{
+		Annotations: map[string]string{
+			"io.containerd.image.name":          FullName(ref),
+			"org.opencontainers.image.ref.name": ref.TagStr(),
+		},
+	}})
+	dir, err := os.MkdirTemp(path.Dir(out), ".ociimage-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if _, err := layout.Write(dir, top); err != nil {
+		return err
+	}
+	tmp := out + ".tmp"
+	if err := tarDir(tmp, dir); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return os.Rename(tmp, out)
+}
+
+// FullName is the reference as containerd and the kubelet spell it:
+// nftredir:dev is docker.io/library/nftredir:dev.
+func FullName(ref name.Tag) string {
+	reg := ref.RegistryStr()
+	if reg == name.DefaultRegistry {
+		reg = "docker.io"
+	}
+	return reg + "/" + ref.RepositoryStr() + ":" + ref.TagStr()
+}
+
+// tarDir writes the files under dir as a tar at out, in a stable order,
+// owned by root, dated the epoch.
+func tarDir(out, dir string) error {
+	var paths []string
+	err := filepathWalk(dir, func(p string) { paths = append(paths, p) })
+	if err != nil {
+		return err
+	}
+	slices.Sort(paths)
+	f, err := os.Create(out)
+	if err != nil {
+		return err
+	}
+	tw := tar.NewWriter(f)
+	epoch := time.Unix(0, 0)
+	for _, rel := range paths {
+		full := dir + "/" + rel
+		st, err := os.Stat(full)
+		if err != nil {
+			f.Close()
+			return err
+		}
+		h := &tar.Header{Name: rel, ModTime: epoch, Format: tar.FormatPAX, Mode: 0o644, Typeflag: tar.TypeReg, Size: st.Size()}
+		if st.IsDir() {
+			h.Name, h.Mode, h.Typeflag, h.Size = rel+"/", 0o755, tar.TypeDir, 0
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			f.Close()
+			return err
+		}
+		if !st.IsDir() {
+			src, err := os.Open(full)
+			if err != nil {
+				f.Close()
+				return err
+			}
+			_, err = io.Copy(tw, src)
+			src.Close()
+			if err != nil {
+				f.Close()
+				return err
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// image is the spec's image with the given media types (Docker's for a
+// docker-archive, OCI's under an OCI index).
+func (s Spec) image(manifest, config, layerType types.MediaType) (v1.Image, error) {
+	if err := s.validate(); err != nil {
+		return nil, err
 	}
 	layerTar, err := buildLayer(s.Files, s.Dirs)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(layerTar)), nil
-	})
+	}, tarball.WithMediaType(layerType))
 	if err != nil {
-		return err
+		return nil, err
 	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
+	base := mutate.ConfigMediaType(mutate.MediaType(empty.Image, manifest), config)
+	img, err := mutate.AppendLayers(base, layer)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cf, err := img.ConfigFile()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cf = cf.DeepCopy()
 	cf.OS, cf.Architecture = "linux", s.Arch
@@ -89,18 +230,7 @@ func Write(out string, s Spec) error {
 	cf.Config.Cmd = s.Cmd
 	cf.Config.WorkingDir = s.WorkingDir
 	cf.Config.User = s.User
-	img, err = mutate.ConfigFile(img, cf)
-	if err != nil {
-		return err
-	}
-	// Written beside the target and renamed, so a failed run leaves no
-	// half tarball that an import would choke on.
-	tmp := out + ".tmp"
-	if err := tarball.WriteToFile(tmp, ref, img); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return os.Rename(tmp, out)
+	return mutate.ConfigFile(img, cf)
 }
 
 func (s Spec) validate() error {
@@ -224,4 +354,18 @@ func tarSpecial(m os.FileMode) int64 {
 		v |= 0o1000
 	}
 	return v
+}
+
+// filepathWalk calls fn with the slash-separated path, relative to root,
+// of everything under root.
+func filepathWalk(root string, fn func(rel string)) error {
+	return fs.WalkDir(os.DirFS(root), ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if p != "." {
+			fn(p)
+		}
+		return nil
+	})
 }

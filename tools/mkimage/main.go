@@ -1,16 +1,20 @@
 // Command mkimage builds a scratch-style container image from local files
 // (static binaries, typically) and writes it as a docker-archive tarball,
-// which both `docker load` and `ctr images import` read. No base image and
-// no registry are involved, so it works offline (see internal/ociimage).
+// or, with -platform, one image per platform under an OCI image index as
+// an OCI image layout tarball. `ctr images import` reads both, `docker
+// load` too (Docker 25 and later for the index). No base image and no
+// registry are involved, so it works offline (see internal/ociimage).
 //
 //	mkimage -o out.tar -tag example.test/app:1 [-entrypoint /app] [-cmd ARG]...
 //	        [-env K=V]... [-workdir DIR] [-user UID[:GID]] [-dir PATH]...
-//	        SRC[=DEST[:MODE]]...
+//	        [-arch ARCH | -platform linux/ARCH=DIR...] SRC[=DEST[:MODE]]...
 //
 // Each SRC file lands at DEST (default: /basename of SRC) with MODE (octal;
 // default: the source file's permission bits). Parent directories are made
-// as needed. The image is reproducible: every timestamp is the Unix epoch
-// and every file is owned by root.
+// as needed. With -platform (repeatable), each platform's image takes its
+// files from its DIR: a relative SRC is read under it. The image is
+// reproducible: every timestamp is the Unix epoch and every file is owned
+// by root.
 package main
 
 import (
@@ -46,7 +50,8 @@ func run(args []string) error {
 	workdir := fs.String("workdir", "", "working directory")
 	user := fs.String("user", "", "user (UID[:GID])")
 	arch := fs.String("arch", runtime.GOARCH, "image architecture")
-	var cmd, env, dirs multi
+	var cmd, env, dirs, platforms multi
+	fs.Var(&platforms, "platform", "linux/`ARCH=DIR`: an image for that platform, its relative SRCs under DIR; with it, the output is an OCI image index (repeatable)")
 	fs.Var(&cmd, "cmd", "default argument (repeatable)")
 	fs.Var(&env, "env", "environment K=V (repeatable)")
 	fs.Var(&dirs, "dir", "empty directory to create, e.g. /tmp (repeatable)")
@@ -67,7 +72,28 @@ func run(args []string) error {
 		}
 		s.Files = append(s.Files, f)
 	}
-	return ociimage.Write(*out, s)
+	if len(platforms) == 0 {
+		return ociimage.Write(*out, s)
+	}
+	var specs []ociimage.Spec
+	for _, p := range platforms {
+		plat, dir, ok := strings.Cut(p, "=")
+		arch, found := strings.CutPrefix(plat, "linux/")
+		if !ok || !found || arch == "" || strings.Contains(arch, "/") || dir == "" {
+			return fmt.Errorf("-platform %q: want linux/ARCH=DIR", p)
+		}
+		ps := s
+		ps.Arch = arch
+		ps.Files = nil
+		for _, f := range s.Files {
+			if !filepath.IsAbs(f.Src) {
+				f.Src = filepath.Join(dir, f.Src)
+			}
+			ps.Files = append(ps.Files, f)
+		}
+		specs = append(specs, ps)
+	}
+	return ociimage.WriteIndex(*out, *tag, specs)
 }
 
 // parseFile reads SRC[=DEST[:MODE]].

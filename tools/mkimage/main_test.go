@@ -11,7 +11,9 @@ import (
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
 // TestImage builds an image and reads it back the way a loader does: the
@@ -121,6 +123,146 @@ func TestBadArguments(t *testing.T) {
 		if _, err := os.Stat(out); err == nil {
 			t.Errorf("mkimage %q: wrote %s despite the error", args, out)
 			os.Remove(out)
+		}
+	}
+}
+
+// TestIndex builds an image for two platforms, each from its own dir, and
+// reads the OCI layout back as an importer does: index.json names one
+// image index, which holds one image per platform with that platform's
+// files.
+func TestIndex(t *testing.T) {
+	dir := t.TempDir()
+	for _, arch := range []string{"amd64", "arm64"} {
+		d := filepath.Join(dir, arch)
+		os.MkdirAll(d, 0o755)
+		if err := os.WriteFile(filepath.Join(d, "app"), []byte("binary for "+arch), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := filepath.Join(dir, "img.tar")
+	if err := run([]string{"-o", out, "-tag", "example.test/app:1", "-entrypoint", "/app", "-dir", "/tmp",
+		"-platform", "linux/amd64=" + filepath.Join(dir, "amd64"), "-platform", "linux/arm64=" + filepath.Join(dir, "arm64"),
+		"app=/app:0755"}); err != nil {
+		t.Fatal(err)
+	}
+	lp := untar(t, out)
+	top, err := layout.ImageIndexFromPath(lp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := top.IndexManifest()
+	if err != nil || len(im.Manifests) != 1 {
+		t.Fatalf("index.json: %+v, %v; want one entry", im, err)
+	}
+	d := im.Manifests[0]
+	if d.MediaType != types.OCIImageIndex || d.Annotations["io.containerd.image.name"] != "example.test/app:1" ||
+		d.Annotations["org.opencontainers.image.ref.name"] != "1" {
+		t.Errorf("index.json entry %+v", d)
+	}
+	idx, err := top.ImageIndex(d.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := idx.IndexManifest()
+	if err != nil || len(m.Manifests) != 2 {
+		t.Fatalf("image index %+v, %v; want two images", m, err)
+	}
+	for _, md := range m.Manifests {
+		if md.Platform == nil || md.Platform.OS != "linux" || md.MediaType != types.OCIManifestSchema1 {
+			t.Fatalf("manifest %+v", md)
+		}
+		arch := md.Platform.Architecture
+		img, err := idx.Image(md.Digest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cf, err := img.ConfigFile()
+		if err != nil || cf.Architecture != arch || cf.OS != "linux" || !slices.Equal(cf.Config.Entrypoint, []string{"/app"}) {
+			t.Errorf("%s: config %+v, %v", arch, cf, err)
+		}
+		layers, _ := img.Layers()
+		if len(layers) != 1 {
+			t.Fatalf("%s: %d layers", arch, len(layers))
+		}
+		rc, err := layers[0].Uncompressed()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := tar.NewReader(rc)
+		found := false
+		for {
+			h, err := tr.Next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h.Name == "app" {
+				b, _ := io.ReadAll(tr)
+				found = string(b) == "binary for "+arch && h.Mode == 0o755
+			}
+		}
+		rc.Close()
+		if !found {
+			t.Errorf("%s: the layer lacks its own /app", arch)
+		}
+	}
+	// The same inputs make the same bytes.
+	again := filepath.Join(dir, "again.tar")
+	run([]string{"-o", again, "-tag", "example.test/app:1", "-entrypoint", "/app", "-dir", "/tmp",
+		"-platform", "linux/amd64=" + filepath.Join(dir, "amd64"), "-platform", "linux/arm64=" + filepath.Join(dir, "arm64"),
+		"app=/app:0755"})
+	a, _ := os.ReadFile(out)
+	b, _ := os.ReadFile(again)
+	if !bytes.Equal(a, b) {
+		t.Error("two builds of the same files differ")
+	}
+	for _, bad := range [][]string{
+		{"-platform", "amd64=" + dir},
+		{"-platform", "linux/amd64"},
+		{"-platform", "windows/amd64=" + dir},
+		{"-platform", "linux/amd64=" + filepath.Join(dir, "amd64"), "-platform", "linux/amd64=" + filepath.Join(dir, "arm64")},
+		{"-platform", "linux/arm64=" + filepath.Join(dir, "missing")},
+	} {
+		o := filepath.Join(dir, "bad.tar")
+		if err := run(append([]string{"-o", o, "-tag", "example.test/app:1"}, append(bad, "app=/app")...)); err == nil {
+			t.Errorf("mkimage %q: no error", bad)
+		}
+		if _, err := os.Stat(o); err == nil {
+			t.Errorf("mkimage %q wrote %s despite the error", bad, o)
+		}
+	}
+}
+
+// untar unpacks an OCI layout tarball into a temporary dir.
+func untar(t *testing.T, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	dir := t.TempDir()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return dir
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, filepath.FromSlash(h.Name))
+		if h.Typeflag == tar.TypeDir {
+			os.MkdirAll(p, 0o755)
+			continue
+		}
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		b, _ := io.ReadAll(tr)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
