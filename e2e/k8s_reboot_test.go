@@ -27,9 +27,12 @@ import (
 // probeSet is the node's probe set of IPv4 pod addresses, as nft lists it.
 func (m *meshCluster) probeSet(t *testing.T) []string {
 	t.Helper()
-	out, err := exec.Command("nsenter", "--net="+m.Netns.Path, "--", "nft", "-j", "list", "set", "inet", probe.TableName, probe.SetV4).Output()
+	cmd := exec.Command("nsenter", "--net="+m.Netns.Path, "--", "nft", "-j", "list", "set", "inet", probe.TableName, probe.SetV4)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("nft list set %s: %v", probe.SetV4, err)
+		t.Fatalf("nft list set %s: %v %s", probe.SetV4, err, stderr.String())
 	}
 	var doc struct {
 		Nftables []map[string]json.RawMessage `json:"nftables"`
@@ -44,12 +47,25 @@ func (m *meshCluster) probeSet(t *testing.T) []string {
 			continue
 		}
 		var set struct {
-			Elem []string `json:"elem"`
+			Elem []any `json:"elem"`
 		}
 		if err := json.Unmarshal(raw, &set); err != nil {
 			t.Fatalf("nft -j set: %v\n%s", err, raw)
 		}
-		ips = append(ips, set.Elem...)
+		// An element is its address, or {"elem": {"val": address, ...}}
+		// when it carries a counter or a timeout.
+		for _, e := range set.Elem {
+			if m, ok := e.(map[string]any); ok {
+				if in, ok := m["elem"].(map[string]any); ok {
+					e = in["val"]
+				}
+			}
+			ip, ok := e.(string)
+			if !ok {
+				t.Fatalf("nft -j set element %v", e)
+			}
+			ips = append(ips, ip)
+		}
 	}
 	slices.Sort(ips)
 	return ips
@@ -125,7 +141,10 @@ func followZDS(t *testing.T, peer *zdstest.Peer) *zdsLog {
 func TestK8sNodeReboot(t *testing.T) {
 	m := newMeshCluster(t)
 	const metricsAddr = "127.0.0.1:19916"
-	m.startMesh(t, "--metrics-address", metricsAddr, "--probe-snat=true", "--node-netns", m.Netns.Path)
+	// The probe table on, for a uid nothing here runs as: the test dials
+	// the pods as root from the node namespace and must not look like the
+	// kubelet's probes (these pods have none).
+	m.startMesh(t, "--metrics-address", metricsAddr, "--probe-snat=true", "--kubelet-uid", "4242", "--node-netns", m.Netns.Path)
 	m.CreateNamespace(t, "mesh", map[string]string{meshLabel: meshEnabled})
 	names := []string{"alpha", "beta"}
 	pods := map[string]*corev1.Pod{}

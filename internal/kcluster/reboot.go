@@ -28,6 +28,8 @@ func (c *Cluster) StopNode(t testing.TB) {
 	if err := c.procs["containerd"].kill(); err != nil {
 		t.Fatal(err)
 	}
+	// Down, not dead: the cluster's waits fail on a component that died.
+	c.procs["kubelet"], c.procs["containerd"] = nil, nil
 	c.killShims()
 	c.deleteRuncContainers()
 	for _, pin := range pins {
