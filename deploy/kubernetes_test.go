@@ -351,9 +351,14 @@ func TestInstallContainerEnvironment(t *testing.T) {
 		}
 		env = append(env, e.Name+"="+v)
 	}
+	// What the kubelet gives every pod: the Service address of the API
+	// and the service account's projected files (moved under root).
+	sa := filepath.Join(root, "var/run/secrets/kubernetes.io/serviceaccount")
+	env = append(env, "KUBERNETES_SERVICE_HOST=10.96.0.1", "KUBERNETES_SERVICE_PORT=443",
+		"NFTREDIR_CNI_KUBE_TOKEN_FILE="+filepath.Join(sa, "token"), "NFTREDIR_CNI_KUBE_CA_FILE="+filepath.Join(sa, "ca.crt"))
 	libCNI := filepath.Join(root, "host/usr/lib/cni")
 	netd := filepath.Join(root, "host/etc/cni/net.d")
-	for _, d := range []string{libCNI, netd} {
+	for _, d := range []string{libCNI, netd, sa} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -361,6 +366,11 @@ func TestInstallContainerEnvironment(t *testing.T) {
 	conf := filepath.Join(netd, "10-bridge.conflist")
 	if err := os.WriteFile(conf, []byte(`{"cniVersion":"1.0.0","name":"bridge","plugins":[{"type":"bridge","bridge":"cni0","ipam":{"type":"host-local","subnet":"10.85.0.0/16"}},{"type":"portmap","capabilities":{"portMappings":true}}]}`), 0o644); err != nil {
 		t.Fatal(err)
+	}
+	for name, content := range map[string]string{"token": "projected-token", "ca.crt": "-----BEGIN CERTIFICATE-----\n"} {
+		if err := os.WriteFile(filepath.Join(sa, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	bin := buildCNI(t)
 	run := func(args ...string) (int, string) {
@@ -397,9 +407,15 @@ func TestInstallContainerEnvironment(t *testing.T) {
 		t.Fatalf("conflist after install:\n%s", raw)
 	}
 	entry, _ := json.Marshal(l.Plugins[2])
-	want := `{"excludeNamespaces":["kube-system"],"socket":"/run/nftredir/nftredir.sock","timeout":"10s","type":"nftredir-cni"}`
+	// NFTREDIR_KUBERNETES, the daemon's setting, puts the installer in
+	// Kubernetes mode too: the entry names the kubeconfig as the host
+	// sees it, with the daemon's default policy.
+	want := `{"excludeNamespaces":["kube-system"],"kubernetes":{"kubeconfig":"/etc/cni/net.d/nftredir-cni.kubeconfig","modeDisabled":"none","modeEnabled":"ambient","modeLabel":"istio.io/dataplane-mode"},"socket":"/run/nftredir/nftredir.sock","timeout":"10s","type":"nftredir-cni"}`
 	if string(entry) != want {
 		t.Errorf("entry %s, want %s", entry, want)
+	}
+	if kc, err := os.ReadFile(filepath.Join(netd, "nftredir-cni.kubeconfig")); err != nil || !bytes.Contains(kc, []byte(`"token": "projected-token"`)) || !bytes.Contains(kc, []byte("https://10.96.0.1:443")) {
+		t.Errorf("the plugin's kubeconfig next to the conflist: %v\n%s", err, kc)
 	}
 	self, _ := os.ReadFile(bin)
 	if got, err := os.ReadFile(filepath.Join(libCNI, "nftredir-cni")); err != nil || !bytes.Equal(got, self) {

@@ -22,92 +22,60 @@ import (
 
 	"github.com/nftredir/nftredir/internal/apimode"
 	"github.com/nftredir/nftredir/internal/defaults"
+	"github.com/nftredir/nftredir/internal/enrolment"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
 // Istio's vocabulary, the default selector: istiod and ztunnel read the
 // same label and annotation.
 const (
-	DefaultModeLabel    = "istio.io/dataplane-mode"
-	DefaultModeEnabled  = "ambient"
-	DefaultModeDisabled = "none"
+	DefaultModeLabel    = enrolment.DefaultModeLabel
+	DefaultModeEnabled  = enrolment.DefaultModeEnabled
+	DefaultModeDisabled = enrolment.DefaultModeDisabled
 
 	// RedirectionAnnotation marks a pod whose traffic is captured; istiod
 	// treats a workload as ambient by it. It states what is, not intent.
 	RedirectionAnnotation = "ambient.istio.io/redirection"
-	redirectionEnabled    = "enabled"
-
-	// sidecarStatusAnnotation is set by Istio's injector on pods with a
-	// sidecar, which captures their traffic itself.
-	sidecarStatusAnnotation = "sidecar.istio.io/status"
-	sidecarContainer        = "istio-proxy"
 )
 
 // Selector is the enrolment policy: which label opts a namespace or a pod
-// in, and which value opts a pod out.
-type Selector struct {
-	Label    string
-	Enabled  string
-	Disabled string
-}
+// in, and which value opts a pod out. The rule itself is
+// internal/enrolment's, which nftredir-cni applies too when the daemon
+// cannot answer.
+type Selector enrolment.Selector
 
 // DefaultSelector is Istio's ambient policy.
-func DefaultSelector() Selector {
-	return Selector{Label: DefaultModeLabel, Enabled: DefaultModeEnabled, Disabled: DefaultModeDisabled}
-}
+func DefaultSelector() Selector { return Selector(enrolment.DefaultSelector()) }
 
 // Validate reports a selector that cannot work.
-func (s Selector) Validate() error {
-	switch {
-	case s.Label == "":
-		return fmt.Errorf("the enrolment label key is empty")
-	case s.Enabled == "":
-		return fmt.Errorf("the enrolment label's opt-in value is empty")
-	case s.Enabled == s.Disabled:
-		return fmt.Errorf("the enrolment label's opt-in and opt-out values are both %q", s.Enabled)
-	}
-	return nil
-}
+func (s Selector) Validate() error { return enrolment.Selector(s).Validate() }
 
 // Captured says whether pod, in namespace ns (nil if unknown), is to be
-// captured, and why not when it is not. The order is Istio's: the pod's
-// own opt-out wins, then its opt-in, then the namespace's.
+// captured, and why not when it is not (enrolment.Selector.Captured).
 func (s Selector) Captured(pod *corev1.Pod, ns *corev1.Namespace) (bool, string) {
-	switch {
-	case pod.Spec.HostNetwork:
-		return false, "the pod is on the host network"
-	case hasSidecar(pod):
-		return false, "the pod has a sidecar proxy"
-	case pod.DeletionTimestamp != nil:
-		return false, "the pod is being deleted"
+	var nsLabels map[string]string
+	if ns != nil {
+		nsLabels = ns.Labels
 	}
-	podMode, podSet := pod.Labels[s.Label]
-	switch {
-	case podSet && podMode == s.Disabled && s.Disabled != "":
-		return false, fmt.Sprintf("the pod is labelled %s=%s", s.Label, podMode)
-	case podSet && podMode == s.Enabled:
-		return true, ""
-	case ns != nil && ns.Labels[s.Label] == s.Enabled:
-		return true, ""
-	}
-	return false, fmt.Sprintf("neither the pod nor namespace %s is labelled %s=%s", pod.Namespace, s.Label, s.Enabled)
+	return enrolment.Selector(s).Captured(EnrolmentPod(pod), nsLabels)
 }
 
-func hasSidecar(pod *corev1.Pod) bool {
-	if _, ok := pod.Annotations[sidecarStatusAnnotation]; ok {
-		return true
-	}
-	for _, c := range pod.Spec.Containers {
-		if c.Name == sidecarContainer {
-			return true
-		}
+// EnrolmentPod is what the enrolment rule reads of pod.
+func EnrolmentPod(pod *corev1.Pod) enrolment.Pod {
+	p := enrolment.Pod{
+		Namespace:   pod.Namespace,
+		Labels:      pod.Labels,
+		Annotations: pod.Annotations,
+		HostNetwork: pod.Spec.HostNetwork,
+		Deleting:    pod.DeletionTimestamp != nil,
 	}
 	for _, c := range pod.Spec.InitContainers {
-		if c.Name == sidecarContainer {
-			return true
-		}
+		p.Containers = append(p.Containers, c.Name)
 	}
-	return false
+	for _, c := range pod.Spec.Containers {
+		p.Containers = append(p.Containers, c.Name)
+	}
+	return p
 }
 
 // Per-pod capture options, as annotations of nftredir's own. Each
@@ -124,6 +92,65 @@ const (
 	AnnotationInboundCapture       = annotationPrefix + "inbound-capture"        // true or false
 )
 
+// Istio's per-pod capture annotations, read with Istio's semantics
+// (istio-cni's cni/pkg/nodeagent/net.go): a boolean that does not parse is
+// ignored, as Istio ignores it, and the pod gets a Warning Event saying so.
+// Where one sets the same option as an nftredir.io annotation, the
+// nftredir.io annotation wins: it is the more specific of the two, and a
+// migration from istio-cni keeps working as it did until one is added.
+const (
+	// AnnotationIstioDNSCapture is nftredir.io/dns-capture's twin.
+	AnnotationIstioDNSCapture = "ambient.istio.io/dns-capture" // true or false
+	// AnnotationIstioBypassInbound "true" leaves inbound uncaptured (the
+	// outbound still is): nftredir.io/inbound-capture "false".
+	AnnotationIstioBypassInbound = "ambient.istio.io/bypass-inbound-capture" // true or false
+	// AnnotationIstioRerouteInterfaces lists interfaces whose incoming
+	// TCP is treated as the pod's outbound (options
+	// reroute_virtual_interfaces). No nftredir.io twin.
+	AnnotationIstioRerouteInterfaces = "istio.io/reroute-virtual-interfaces" // "k6t-eth0,tap0"
+)
+
+// istioAnnotations are the Istio annotations that change capture.
+var istioAnnotations = []string{AnnotationIstioDNSCapture, AnnotationIstioBypassInbound, AnnotationIstioRerouteInterfaces}
+
+// istioOptions applies Istio's annotations to o and returns the ones it
+// ignored, each with why.
+func istioOptions(annotations map[string]string, o *nftredirv1.RedirectOptions) []string {
+	var ignored []string
+	boolean := func(key string) (bool, bool) {
+		v, ok := annotations[key]
+		if !ok {
+			return false, false
+		}
+		b, err := strconv.ParseBool(strings.TrimSpace(v))
+		if err != nil {
+			ignored = append(ignored, fmt.Sprintf("annotation %s: %q is not true or false; ignored, as Istio does", key, v))
+			return false, false
+		}
+		return b, true
+	}
+	if b, ok := boolean(AnnotationIstioDNSCapture); ok {
+		o.DnsCapture = &b
+	}
+	if b, ok := boolean(AnnotationIstioBypassInbound); ok {
+		capture := !b
+		o.InboundCapture = &capture
+	}
+	if v, ok := annotations[AnnotationIstioRerouteInterfaces]; ok {
+		// Names are checked by the daemon with the other options: an
+		// interface the kernel cannot have refuses the pod.
+		o.RerouteVirtualInterfaces = splitList(v)
+	}
+	return ignored
+}
+
+// IgnoredAnnotations lists the pod's Istio annotations Options ignores
+// (values that do not parse), each saying why; the agent shows them on
+// the pod as a Warning Event.
+func IgnoredAnnotations(annotations map[string]string) []string {
+	return istioOptions(annotations, &nftredirv1.RedirectOptions{})
+}
+
 // knownAnnotations lists every option annotation, so a misspelt one is an
 // error rather than silently ignored.
 var knownAnnotations = map[string]bool{
@@ -132,13 +159,17 @@ var knownAnnotations = map[string]bool{
 }
 
 // Options applies the pod's option annotations over base (which is not
-// modified). The values are parsed here; their meaning (port ranges,
-// CIDR forms, limits) is checked by the daemon like any request's.
+// modified): Istio's, then nftredir.io's, so that nftredir.io's win. The
+// values are parsed here; their meaning (port ranges, CIDR forms, limits,
+// interface names) is checked by the daemon like any request's. A bad
+// nftredir.io annotation is an error; a bad Istio boolean is ignored
+// (IgnoredAnnotations).
 func Options(annotations map[string]string, base *nftredirv1.RedirectOptions) (*nftredirv1.RedirectOptions, error) {
 	o := &nftredirv1.RedirectOptions{}
 	if base != nil {
 		o = proto.Clone(base).(*nftredirv1.RedirectOptions)
 	}
+	istioOptions(annotations, o)
 	var problems []string
 	bad := func(key, format string, args ...any) {
 		problems = append(problems, fmt.Sprintf("annotation %s: %s", key, fmt.Sprintf(format, args...)))

@@ -3,6 +3,7 @@ package nft
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/google/nftables"
@@ -21,24 +22,56 @@ type baseChain struct {
 	priority int32
 }
 
+// Priorities. iptables (legacy and iptables-nft alike) hooks its raw
+// tables at -300, mangle at -150 and nat at -100 (dstnat; -100 on output
+// too), and istio-cni's own nftables tables use the same numbers. Chains of
+// equal priority on one hook run in the order they were created, which
+// nobody controls, so each of ours sits 10 away, on the side where its
+// decision is the one that holds:
+//
+//   - raw -310, before iptables' raw: conntrack takes the zone of the
+//     first template attached to a packet (nft's `ct zone set` and
+//     iptables' CT both leave a packet that has one alone), so the first
+//     chain wins. Still after defrag (-400).
+//   - mangle -140, after iptables' mangle: a mark or a tproxy socket
+//     assignment is overwritten by whoever comes later, so the last chain
+//     wins. Still after conntrack (-200), so ct state and ct mark are
+//     known, and before NAT.
+//   - nat -110, before iptables' nat: for a new connection the first nat
+//     chain that sets up a translation wins, and later ones are not
+//     consulted (nf_nat_inet_fn), so our redirect is the one that holds.
+//     What we let through (the proxy's own traffic, probes, excluded
+//     ports) still meets the other nat chains.
+//
+// Ours wins because a pod we enrol is ours to capture: a rule of someone
+// else's that redirects, re-marks or re-zones the same packets can only
+// hand them to a proxy that is not the one the pod was enrolled with.
+// Other agents' capture is removed, or the pod refused, before our table
+// goes in (see Foreign); these priorities settle what is left, a CNI's own
+// rules, deterministically.
+const (
+	PriorityRaw    = -310
+	PriorityMangle = -140
+	PriorityNAT    = -110
+)
+
 var (
 	// Skips conntrack for nothing; it only moves DNS between the proxy and
 	// the upstream resolver into their own conntrack zone, so the proxy's
 	// query cannot collide with the app's redirected one. Must run before
 	// conntrack (-200).
-	rawPrerouting = baseChain{"raw-prerouting", nftables.ChainTypeFilter, nftables.ChainHookPrerouting, -300}
-	rawOutput     = baseChain{"raw-output", nftables.ChainTypeFilter, nftables.ChainHookOutput, -300}
+	rawPrerouting = baseChain{"raw-prerouting", nftables.ChainTypeFilter, nftables.ChainHookPrerouting, PriorityRaw}
+	rawOutput     = baseChain{"raw-output", nftables.ChainTypeFilter, nftables.ChainHookOutput, PriorityRaw}
 	// Runs after conntrack so ct mark and ct state are known, before NAT.
 	// TPROXY mode does its inbound capture here.
-	manglePrerouting = baseChain{"mangle-prerouting", nftables.ChainTypeFilter, nftables.ChainHookPrerouting, -150}
+	manglePrerouting = baseChain{"mangle-prerouting", nftables.ChainTypeFilter, nftables.ChainHookPrerouting, PriorityMangle}
 	// A route chain: changing the mark re-routes the packet, which is how
 	// replies restored to the tproxy mark find table 100.
-	mangleOutput = baseChain{"mangle-output", nftables.ChainTypeRoute, nftables.ChainHookOutput, -150}
-	// REDIRECT mode's inbound capture. -100 (dstnat) in numbers: nft 1.0.6
-	// rejects the symbolic name for the output hook in inet tables.
-	natPrerouting = baseChain{"nat-prerouting", nftables.ChainTypeNAT, nftables.ChainHookPrerouting, -100}
+	mangleOutput = baseChain{"mangle-output", nftables.ChainTypeRoute, nftables.ChainHookOutput, PriorityMangle}
+	// REDIRECT mode's inbound capture.
+	natPrerouting = baseChain{"nat-prerouting", nftables.ChainTypeNAT, nftables.ChainHookPrerouting, PriorityNAT}
 	// Outbound capture in both modes.
-	natOutput = baseChain{"nat-output", nftables.ChainTypeNAT, nftables.ChainHookOutput, -100}
+	natOutput = baseChain{"nat-output", nftables.ChainTypeNAT, nftables.ChainHookOutput, PriorityNAT}
 )
 
 // Build turns a spec into the ruleset for our table. It does no I/O.
@@ -53,7 +86,7 @@ func Build(s Spec) (*Ruleset, error) {
 	}
 	b.manglePrerouting()
 	b.mangleOutput()
-	if s.Mode == ModeRedirect && !s.NoInboundCapture {
+	if s.Mode == ModeRedirect && !s.NoInboundCapture || len(s.RerouteInterfaces) > 0 {
 		b.natPrerouting()
 	}
 	b.natOutput()
@@ -89,6 +122,24 @@ func (rs *Ruleset) encode() error {
 	}
 	rs.Digest = d.String()
 	return nil
+}
+
+// WithoutCounters is rs with every rule's counter left out (and its own
+// digest): what the table was before rules counted, for measuring what
+// the counters cost (make bench). The daemon never programs it.
+func (rs *Ruleset) WithoutCounters() (*Ruleset, error) {
+	out := &Ruleset{Spec: rs.Spec, Chains: make([]Chain, len(rs.Chains))}
+	for i, c := range rs.Chains {
+		c.Rules = make([]Rule, 0, len(c.Rules))
+		for _, r := range rs.Chains[i].Rules {
+			c.Rules = append(c.Rules, assemble(slices.DeleteFunc(slices.Clone(r.parts), isCounter)))
+		}
+		out.Chains[i] = c
+	}
+	if err := out.encode(); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // Bytecode renders every rule's expressions as they are sent to the
@@ -165,10 +216,11 @@ func (b *builder) ipv6Bypass() []Rule {
 	return []Rule{rule(nfproto(unix.NFPROTO_IPV6, "ipv6"), accept())}
 }
 
-// inboundBypass is what inbound capture never touches, in both modes.
+// inboundBypass is what inbound capture never touches, in both modes,
+// after ipv6Bypass and the rerouted interfaces.
 func (b *builder) inboundBypass() []Rule {
 	s := b.spec
-	rules := b.ipv6Bypass()
+	var rules []Rule
 	// Loopback traffic inside the pod, including the proxy talking to the
 	// app, is never captured.
 	// nft: iifname "lo" accept
@@ -196,6 +248,13 @@ func (b *builder) manglePrerouting() {
 		rule(markIs(s.ProxyMark, true), setCtMark(s.TProxyMark)),
 	}
 	if s.Mode == ModeTProxy && !s.NoInboundCapture {
+		rules = append(rules, b.ipv6Bypass()...)
+		// Rerouted interfaces' TCP is left to nat-prerouting, which
+		// redirects it to the outbound port.
+		// nft: iifname "k6t-eth0" meta l4proto tcp accept
+		for _, name := range s.RerouteInterfaces {
+			rules = append(rules, rule(ifaceIs(expr.MetaKeyIIFNAME, "iifname", name), l4proto(unix.IPPROTO_TCP, "tcp"), accept()))
+		}
 		rules = append(rules, b.inboundBypass()...)
 		rules = append(rules,
 			// Packets of connections already delivered to a transparent
@@ -268,7 +327,21 @@ func (b *builder) mangleOutput() {
 
 func (b *builder) natPrerouting() {
 	s := b.spec
-	rules := b.inboundBypass()
+	rules := b.ipv6Bypass()
+	// TCP arriving on a rerouted interface is the outbound traffic of
+	// what sits behind it (a VM, nested containers): to the outbound
+	// port, first, before anything inbound capture would do with it, as
+	// Istio's rules order it.
+	// nft: iifname "k6t-eth0" meta l4proto tcp redirect to :15001
+	for _, name := range s.RerouteInterfaces {
+		rules = append(rules, rule(ifaceIs(expr.MetaKeyIIFNAME, "iifname", name), l4proto(unix.IPPROTO_TCP, "tcp"), redirectTo(s.OutboundPort)))
+	}
+	if s.Mode == ModeTProxy || s.NoInboundCapture {
+		// Inbound capture is mangle-prerouting's, or off.
+		b.chain(natPrerouting, rules...)
+		return
+	}
+	rules = append(rules, b.inboundBypass()...)
 	rules = append(rules,
 		// The proxy listens on the HBONE port itself; leave it alone.
 		// nft: tcp dport 15008 accept
@@ -359,17 +432,34 @@ func hookName(h *nftables.ChainHook) string {
 }
 
 // priorityName prints priorities the way nft does for the inet family:
-// symbolic names where one exists for the hook, otherwise the number.
+// within 10 of a standard priority its name and the offset ("mangle +
+// 10", "dstnat - 10"), when the name is valid for the hook (dstnat only on
+// prerouting, srcnat only on postrouting); otherwise the number.
 func priorityName(c Chain) string {
-	names := map[int32]string{-300: "raw", -150: "mangle", 0: "filter", 50: "security"}
-	if *c.Hook == *nftables.ChainHookPrerouting {
-		names[-100] = "dstnat"
+	const reach = 10
+	std := []struct {
+		val  int32
+		name string
+		hook *nftables.ChainHook
+	}{
+		{-300, "raw", nil}, {-150, "mangle", nil}, {-100, "dstnat", nftables.ChainHookPrerouting},
+		{0, "filter", nil}, {50, "security", nil}, {100, "srcnat", nftables.ChainHookPostrouting},
 	}
-	if *c.Hook == *nftables.ChainHookPostrouting {
-		names[100] = "srcnat"
-	}
-	if n, ok := names[c.Priority]; ok {
-		return n
+	for _, p := range std {
+		off := c.Priority - p.val
+		if off < -reach || off > reach {
+			continue
+		}
+		if p.hook != nil && *p.hook != *c.Hook {
+			break // as nft: the nearest standard name does not apply
+		}
+		switch {
+		case off > 0:
+			return fmt.Sprintf("%s + %d", p.name, off)
+		case off < 0:
+			return fmt.Sprintf("%s - %d", p.name, -off)
+		}
+		return p.name
 	}
 	return fmt.Sprint(c.Priority)
 }

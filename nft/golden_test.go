@@ -2,6 +2,7 @@ package nft_test
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/nftredir/nftredir/internal/golden"
@@ -53,6 +54,9 @@ func goldenCases() []goldenCase {
 			s.TProxyAddrV6 = netip.Addr{}
 		})},
 		{"no_probe_sources", base(func(s *nft.Spec) { s.ProbeSourceV4, s.ProbeSourceV6 = netip.Addr{}, netip.Addr{} })},
+		{"tproxy_reroute", base(func(s *nft.Spec) { s.RerouteInterfaces = []string{"k6t-eth0", "tap0"} })},
+		{"redirect_reroute", base(func(s *nft.Spec) { s.Mode = nft.ModeRedirect; s.RerouteInterfaces = []string{"k6t-eth0"} })},
+		{"tproxy_ingress_reroute", base(func(s *nft.Spec) { s.NoInboundCapture = true; s.RerouteInterfaces = []string{"docker0"} })},
 	}
 }
 
@@ -68,5 +72,24 @@ func TestBuildGolden(t *testing.T) {
 			// register can change under the same words); this does.
 			golden.Check(t, tc.name+".bytecode", rs.Bytecode())
 		})
+	}
+}
+
+// TestWithoutCounters: the comparison ruleset of the benchmark is the
+// same rules without their counters, and a table of its own (digest).
+func TestWithoutCounters(t *testing.T) {
+	rs, err := nft.Build(nft.DefaultSpec("0b6f3c1e-pod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bare, err := rs.WithoutCounters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bare.Digest == rs.Digest {
+		t.Error("the ruleset without counters has the same digest")
+	}
+	if got, want := bare.String(), strings.ReplaceAll(strings.ReplaceAll(rs.String(), " counter packets 0 bytes 0", ""), rs.Digest, bare.Digest); got != want {
+		t.Errorf("without counters:\n%s\nwant\n%s", got, want)
 	}
 }

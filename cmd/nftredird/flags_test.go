@@ -243,3 +243,62 @@ func TestProbeSNATOnlyWhenAsked(t *testing.T) {
 		}
 	}
 }
+
+// TestTakeOverDefaultsToKubernetesMode: foreign capture is taken over by
+// default in Kubernetes mode only; the flag or its variable decide
+// otherwise.
+func TestTakeOverDefaultsToKubernetesMode(t *testing.T) {
+	kube := []string{"--kubernetes", "--node-name", "n1"}
+	for _, tt := range []struct {
+		args []string
+		env  map[string]string
+		want bool
+	}{
+		{nil, nil, false},
+		{kube, nil, true},
+		{append(kube[:3:3], "--take-over-foreign-capture=false"), nil, false},
+		{kube, map[string]string{"NFTREDIR_TAKE_OVER_FOREIGN_CAPTURE": "false"}, false},
+		{[]string{"--take-over-foreign-capture"}, nil, true},
+		{nil, map[string]string{"NFTREDIR_TAKE_OVER_FOREIGN_CAPTURE": "true"}, true},
+	} {
+		o, err := parseFlags(tt.args, env(tt.env), io.Discard)
+		if err != nil {
+			t.Errorf("%v %v: %v", tt.args, tt.env, err)
+			continue
+		}
+		if o.takeOver != tt.want {
+			t.Errorf("%v %v: take-over %v, want %v", tt.args, tt.env, o.takeOver, tt.want)
+		}
+	}
+}
+
+// TestDNSCaptureDefaultFollowsMode: DNS capture is on by default in
+// Kubernetes mode (Istio's default), off standalone, and the flag or its
+// variable sets it either way.
+func TestDNSCaptureDefaultFollowsMode(t *testing.T) {
+	kube := []string{"--kubernetes", "--node-name", "node-1"}
+	for _, tt := range []struct {
+		args []string
+		env  map[string]string
+		want bool
+	}{
+		{nil, nil, defaults.CaptureDNS},
+		{kube, nil, defaults.KubernetesCaptureDNS},
+		{append(slices.Clone(kube), "--dns-capture=false"), nil, false},
+		{kube, map[string]string{"NFTREDIR_DNS_CAPTURE": "false"}, false},
+		{nil, map[string]string{"NFTREDIR_KUBERNETES": "true", "NODE_NAME": "node-1"}, true},
+		{[]string{"--dns-capture"}, nil, true},
+	} {
+		o, err := parseFlags(tt.args, env(tt.env), io.Discard)
+		if err != nil {
+			t.Errorf("%v %v: %v", tt.args, tt.env, err)
+			continue
+		}
+		if o.dnsCapture != tt.want || o.spec.CaptureDNS != tt.want {
+			t.Errorf("%v %v: dns capture %v (spec %v), want %v", tt.args, tt.env, o.dnsCapture, o.spec.CaptureDNS, tt.want)
+		}
+	}
+	if defaults.CaptureDNS || !defaults.KubernetesCaptureDNS {
+		t.Error("the defaults moved: standalone off, Kubernetes on, as the README says")
+	}
+}

@@ -213,20 +213,25 @@ func serve(opts *options, root hclog.Logger) error {
 	}
 	applier := nft.Applier(nft.NewNetlink())
 	met := observe(opts, &cfg, &pcfg, &applier, root)
-	pcfg.Engine = capture.NewKernel(guard, applier)
-	var zs *zdsServing
-	if opts.zdsSocket != "" {
-		if zs, err = newZDS(opts, pcfg.Engine, store, root); err != nil {
-			return err
-		}
-		pcfg.ZDS, pcfg.ZDSRequireAck = zs.srv, opts.zdsRequireAck
-	}
+	pcfg.Engine = capture.NewKernel(guard, applier, capture.TakeOverForeign(opts.takeOver))
 	var agent *kube.Agent
 	if opts.kubernetes {
 		if agent, err = newAgent(opts, guard, root); err != nil {
 			return err
 		}
 		pcfg.Policy = agent
+	}
+	var zs *zdsServing
+	if opts.zdsSocket != "" {
+		var acked func(string)
+		if agent != nil {
+			// A pod's annotation waits for the proxy's ack.
+			acked = agent.ProxyAcked
+		}
+		if zs, err = newZDS(opts, pcfg.Engine, store, acked, root); err != nil {
+			return err
+		}
+		pcfg.ZDS, pcfg.ZDSRequireAck = zs.srv, opts.zdsRequireAck
 	}
 	pods, err := lifecycle.New(pcfg)
 	if err != nil {
@@ -357,10 +362,11 @@ type zdsServing struct {
 
 // newZDS opens namespaces through engine, the one the lifecycle uses, so
 // the proxy is only ever handed what that engine vetted.
-func newZDS(opts *options, engine capture.Engine, store *state.Store, root hclog.Logger) (*zdsServing, error) {
+func newZDS(opts *options, engine capture.Engine, store *state.Store, acked func(uid string), root hclog.Logger) (*zdsServing, error) {
 	srv, err := zds.NewServer(zds.Config{
 		Pods:        zds.StorePods{Store: store},
 		Opener:      engine,
+		Acked:       acked,
 		Logger:      root.Named("zds"),
 		Allow:       peercred.NewAllowlist(opts.zdsAllowUIDs, opts.zdsAllowGIDs),
 		SocketGroup: opts.zdsSocketGroup,

@@ -38,6 +38,9 @@ type Sources struct {
 	ZDS func() zds.Stats
 	// ProbeAddresses counts the addresses in the node probe table's sets.
 	ProbeAddresses func() int
+	// ProbeRepairs counts the node probe table's repairs after someone
+	// else changed it.
+	ProbeRepairs func() int64
 	// Discovery returns the Kubernetes agent's counters of running pods
 	// whose namespace it looked for among the runtime's pins.
 	Discovery func() Discovery
@@ -230,6 +233,18 @@ func (t *timedApplier) Apply(ctx context.Context, h *netns.Handle, rs *nft.Rules
 	return err
 }
 
+// TakeOver is an apply too (ours replaces another agent's capture in the
+// same batch), timed and counted with the others.
+func (t *timedApplier) TakeOver(ctx context.Context, h *netns.Handle, rs *nft.Ruleset, f *nft.Foreign) error {
+	start := time.Now()
+	err := t.Applier.TakeOver(ctx, h, rs, f)
+	t.m.applySeconds.Observe(time.Since(start).Seconds())
+	if err != nil {
+		t.m.applyFailures.Inc()
+	}
+	return err
+}
+
 // scrapeCollector reads the Sources at scrape time: the numbers live in
 // the server, the ZDS server and the probe manager, and copying them into
 // gauges on every change would put metrics calls on their hot paths.
@@ -256,12 +271,14 @@ var (
 		"Pods the enrolment policy selects that are not enrolled because their network namespace could not be proven; retried.", nil, nil)
 	pinScansDesc = prometheus.NewDesc(namespace+"_kube_pin_scans_total",
 		"Scans of the runtime's network namespace pins.", nil, nil)
+	probeRepairsDesc = prometheus.NewDesc(namespace+"_probe_table_repairs_total",
+		"Times the node probe table (table, sets, chain or an enrolled pod's address) was found changed by someone else and restored.", nil, nil)
 	pinScanSecondsDesc = prometheus.NewDesc(namespace+"_kube_pin_scan_seconds_total",
 		"Time spent scanning the runtime's network namespace pins.", nil, nil)
 )
 
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{podsDesc, zdsConnectedDesc, zdsAcksDesc, zdsNacksDesc, zdsAckTimeoutsDesc, zdsProtocolErrorsDesc, probeDesc, discoveriesDesc, unprovenDesc, pinScansDesc, pinScanSecondsDesc} {
+	for _, d := range []*prometheus.Desc{podsDesc, zdsConnectedDesc, zdsAcksDesc, zdsNacksDesc, zdsAckTimeoutsDesc, zdsProtocolErrorsDesc, probeDesc, discoveriesDesc, unprovenDesc, pinScansDesc, pinScanSecondsDesc, probeRepairsDesc} {
 		ch <- d
 	}
 }
@@ -285,6 +302,9 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if src.ProbeAddresses != nil {
 		ch <- prometheus.MustNewConstMetric(probeDesc, prometheus.GaugeValue, float64(src.ProbeAddresses()))
+	}
+	if src.ProbeRepairs != nil {
+		ch <- prometheus.MustNewConstMetric(probeRepairsDesc, prometheus.CounterValue, float64(src.ProbeRepairs()))
 	}
 	if src.Discovery != nil {
 		d := src.Discovery()
