@@ -188,7 +188,7 @@ func TestIstioAmbientMesh(t *testing.T) {
 	outsider := im.runPod(t, "outside", "outsider")
 	for _, p := range []*corev1.Pod{server, client, other} {
 		im.waitEnrolled(t, p.UID, true)
-		im.waitAnnotation(t, p, true)
+		im.waitAnnotation(t, p, redirectionEnabled)
 	}
 	clientNS, otherNS, outsiderNS := im.podNetns(t, client), im.podNetns(t, other), im.podNetns(t, outsider)
 	serverAddr := netip.AddrPortFrom(netip.MustParseAddr(server.Status.PodIP), 8080).String()
