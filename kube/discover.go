@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -72,9 +73,10 @@ type discovery struct {
 
 // unproven is a pod the policy selects whose namespace was not proven.
 type unproven struct {
-	reason   string
-	attempts int
-	at       time.Time
+	namespace, name string
+	reason          string
+	attempts        int
+	at              time.Time
 }
 
 // DiscoveryStats returns the counters.
@@ -87,6 +89,23 @@ func (a *Agent) DiscoveryStats() DiscoveryStats {
 		s.Outcomes[o] = d.outcomes[o]
 	}
 	return s
+}
+
+// Unproven names the pods the policy selects that are not captured
+// because their namespace is not proven ("namespace/name (reason)"),
+// sorted: what readiness reports missing, since such a pod's traffic
+// bypasses the proxy while it runs (after a reboot without drain, until
+// its new sandbox is enrolled).
+func (a *Agent) Unproven() []string {
+	d := &a.disc
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]string, 0, len(d.unproven))
+	for _, u := range d.unproven {
+		out = append(out, u.namespace+"/"+u.name+" ("+u.reason+")")
+	}
+	slices.Sort(out)
+	return out
 }
 
 // discover finds the namespace of a running pod the policy selects and
@@ -162,7 +181,7 @@ func (a *Agent) refuse(log hclog.Logger, pod *corev1.Pod, outcome, reason string
 		u = &unproven{}
 		d.unproven[uid] = u
 	}
-	u.reason, u.at = reason, time.Now()
+	u.namespace, u.name, u.reason, u.at = pod.Namespace, pod.Name, reason, time.Now()
 	delay := min(retryFirst<<min(u.attempts, 16), a.sweep)
 	u.attempts++
 	d.mu.Unlock()

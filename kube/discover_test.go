@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -159,6 +160,9 @@ func TestAgentEnrolsRunningPodsByTheirPins(t *testing.T) {
 	if st.Outcomes[DiscoveryProven] != 1 || st.Outcomes[DiscoveryNotFound] < 1 || st.Outcomes[DiscoveryAmbiguous] < 1 || st.Outcomes[DiscoveryNoPodIP] < 1 || st.Unproven != 2 || st.Scans < 1 {
 		t.Errorf("discovery stats %+v", st)
 	}
+	if got, want := a.Unproven(), []string{"mesh/lost (" + ReasonNamespaceNotFound + ")", "mesh/twin (" + ReasonNamespaceAmbiguous + ")"}; !slices.Equal(got, want) {
+		t.Errorf("Unproven() = %q, want %q", got, want)
+	}
 	waitFor(t, "the Events", func() bool {
 		return strings.Contains(strings.Join(eventReasons(ctx, t, cs, "lost"), "\n"), ReasonNamespaceNotFound+": ") &&
 			strings.Contains(strings.Join(eventReasons(ctx, t, cs, "twin"), "\n"), ReasonNamespaceAmbiguous+": ")
@@ -175,6 +179,9 @@ func TestAgentEnrolsRunningPodsByTheirPins(t *testing.T) {
 		t.Errorf("lost enrolled at %s", r.GetNetnsPath())
 	}
 	waitFor(t, "one pod left unproven", func() bool { return a.DiscoveryStats().Unproven == 1 })
+	if got, want := a.Unproven(), []string{"mesh/twin (" + ReasonNamespaceAmbiguous + ")"}; !slices.Equal(got, want) {
+		t.Errorf("Unproven() = %q, want %q", got, want)
+	}
 	if rec, _ := e.Enrolled("uid-twin"); rec != nil {
 		t.Errorf("twin enrolled though two namespaces carry its IP: %v", rec)
 	}

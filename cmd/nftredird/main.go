@@ -280,7 +280,7 @@ func serve(opts *options, root hclog.Logger) error {
 		// waiting for a proxy's ack.
 		defer zs.stop(root)
 	}
-	_, stopHTTP, err := serveHTTP(opts, srv, met, root)
+	_, stopHTTP, err := serveHTTP(opts, srv, met, agent, root)
 	if err != nil {
 		lis.Close()
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -71,12 +72,13 @@ const httpShutdownTimeout = 2 * time.Second
 // /metrics until the returned stop is called. Liveness asks the daemon's
 // own gRPC health service over its socket, so a daemon whose gRPC server
 // no longer answers is restarted; readiness is the server's SERVING state
-// (startup reconcile done, not stopping) plus every --ready-file. The
-// kernel self-test has passed by the time this runs, or the daemon would
-// have stopped.
+// (startup reconcile done, not stopping), in Kubernetes mode no selected
+// pod left uncaptured for want of a proven namespace, and every
+// --ready-file. The kernel self-test has passed by the time this runs, or
+// the daemon would have stopped.
 //
 // It returns the bound address ("" when --metrics-address is empty).
-func serveHTTP(opts *options, srv *server.Server, m *metrics.Metrics, root hclog.Logger) (addr string, stop func(), err error) {
+func serveHTTP(opts *options, srv *server.Server, m *metrics.Metrics, agent *kube.Agent, root hclog.Logger) (addr string, stop func(), err error) {
 	if m == nil {
 		return "", func() {}, nil
 	}
@@ -91,6 +93,14 @@ func serveHTTP(opts *options, srv *server.Server, m *metrics.Metrics, root hclog
 			}
 			return nil
 		}},
+	}
+	if agent != nil {
+		ready = append(ready, health.Check{Name: "kubernetes pods captured", Check: func(context.Context) error {
+			if missing := agent.Unproven(); len(missing) > 0 {
+				return fmt.Errorf("%d pods to capture have no proven network namespace, their traffic is not captured: %s", len(missing), strings.Join(missing, ", "))
+			}
+			return nil
+		}})
 	}
 	for _, f := range opts.readyFiles {
 		ready = append(ready, health.FileExists(f))

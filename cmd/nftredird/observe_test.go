@@ -138,7 +138,7 @@ func TestReadyzWaitsForStartupReconcile(t *testing.T) {
 	srv, pods := build(second, applier, secondPods)
 	setSources(met, pods, nil, nil, nil)
 	runServer(t, srv, socket)
-	addr, stopHTTP, err := serveHTTP(opts, srv, met, log)
+	addr, stopHTTP, err := serveHTTP(opts, srv, met, nil, log)
 	if err != nil {
 		t.Fatal(err)
 	}

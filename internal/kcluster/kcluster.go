@@ -472,8 +472,10 @@ func (c *Cluster) startComponent(name string, argv ...string) error {
 	if err != nil {
 		return err
 	}
+	if _, again := c.procs[name]; !again {
+		c.order = append(c.order, name)
+	}
 	c.procs[name] = p
-	c.order = append(c.order, name)
 	return nil
 }
 

@@ -115,3 +115,18 @@ func (p *proc) tail(n int) string {
 	}
 	return strings.Join(lines, "")
 }
+
+// kill ends the process group with SIGKILL, as a power cut would, and
+// waits until it is reaped.
+func (p *proc) kill() error {
+	if p == nil {
+		return nil
+	}
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(10 * time.Second):
+		return errors.New(p.name + " did not exit after SIGKILL")
+	}
+}
