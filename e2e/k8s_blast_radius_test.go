@@ -29,7 +29,7 @@ func startBlastCluster(t *testing.T) (*meshCluster, string) {
 	bin := binaries(t)
 	c.InstallCNIPlugin(t, "nftredir-cni", bin.CNI)
 	c.CreateNamespace(t, "nftredir-system", nil)
-	c.Apply(t, "-f", filepath.Join(bin.Repo, "deploy", "kubernetes", "rbac.yaml"))
+	c.ApplyYAML(t, chartRBAC(t, c))
 	dir := t.TempDir()
 	m := &meshCluster{Cluster: c, zds: filepath.Join(dir, "zds.sock"), cniLog: filepath.Join(dir, "cni.log")}
 	m.daemon = startDaemon(t, daemonOpts{
