@@ -92,6 +92,16 @@ type options struct {
 	modeLabel    string
 	modeEnabled  string
 	modeDisabled string
+	// readinessTaint is the NoSchedule taint key removed from the node
+	// once the daemon is ready; "" leaves taints alone.
+	readinessTaint string
+	// podName and podNamespace name the daemon's own pod, whose DaemonSet
+	// is asked at a stop whether this is an uninstall.
+	podName      string
+	podNamespace string
+	// uninstallReleasePods: an uninstall releases every captured pod
+	// (else it leaves their capture and records in place).
+	uninstallReleasePods bool
 
 	// Derived by check.
 	spec    nft.Spec
@@ -149,6 +159,8 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	}
 	// The Downward API's usual variable; NFTREDIR_NODE_NAME still wins.
 	nodeNameDefault, _ := lookupEnv("NODE_NAME")
+	podNameDefault, _ := lookupEnv("POD_NAME")
+	podNamespaceDefault, _ := lookupEnv("POD_NAMESPACE")
 	fs := flag.NewFlagSet("nftredird", flag.ContinueOnError)
 	// The flag package prints errors and usage itself; keep it quiet and
 	// print usage only for -h, so an error is one clear line.
@@ -197,6 +209,10 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.StringVar(&o.modeLabel, "dataplane-mode-label", kube.DefaultModeLabel, "label `key` on a namespace or pod that selects capture in Kubernetes mode")
 	fs.StringVar(&o.modeEnabled, "dataplane-mode-enabled", kube.DefaultModeEnabled, "label `value` that opts a namespace or pod in")
 	fs.StringVar(&o.modeDisabled, "dataplane-mode-disabled", kube.DefaultModeDisabled, "label `value` that opts a pod out even in an opted-in namespace")
+	fs.StringVar(&o.readinessTaint, "readiness-taint", kube.DefaultReadinessTaint, "Kubernetes mode: `key` of the NoSchedule taint the daemon removes from its node once it serves, its startup reconcile is done and every --ready-file exists (the CNI plugin is chained); never added back; empty leaves taints alone")
+	fs.StringVar(&o.podName, "pod-name", podNameDefault, "Kubernetes mode: this daemon's pod `name` (default: $POD_NAME); with --pod-namespace, a stop asks whether the pod's DaemonSet is being deleted, and if so uninstalls from the node (see --uninstall-release-pods)")
+	fs.StringVar(&o.podNamespace, "pod-namespace", podNamespaceDefault, "Kubernetes mode: this daemon's pod `namespace` (default: $POD_NAMESPACE)")
+	fs.BoolVar(&o.uninstallReleasePods, "uninstall-release-pods", true, "when the DaemonSet is deleted (uninstall): release every captured pod (their tables and routes, the redirection annotation, the records) and remove the node probe table; false leaves captured pods, their records and the probe table as they are")
 	fs.Var(&o.tproxyV4, "tproxy-ipv4", "default `address` TPROXY mode hands inbound TCP to, where the proxy's transparent listeners are looked up (loopback serves loopback-bound and wildcard listeners); empty: none, only wildcard listeners are reached")
 	fs.Var(&o.tproxyV6, "tproxy-ipv6", "default IPv6 TPROXY target `address`; empty: none")
 	fs.Usage = func() {}
@@ -336,6 +352,14 @@ func (o *options) check() error {
 		}
 		if err := o.selector().Validate(); err != nil {
 			bad("--dataplane-mode-*: %v", err)
+		}
+		if o.readinessTaint != "" {
+			if err := kube.ValidateTaintKey(o.readinessTaint); err != nil {
+				bad("--readiness-taint: %v", err)
+			}
+		}
+		if (o.podName == "") != (o.podNamespace == "") {
+			bad("--pod-name and --pod-namespace go together (POD_NAME and POD_NAMESPACE from the Downward API)")
 		}
 	} else if o.kubeconfig != "" {
 		bad("--kubeconfig is for Kubernetes mode; add --kubernetes")

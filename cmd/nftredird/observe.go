@@ -11,6 +11,7 @@ import (
 	"github.com/nftredir/nftredir/client"
 	"github.com/nftredir/nftredir/internal/health"
 	"github.com/nftredir/nftredir/internal/metrics"
+	"github.com/nftredir/nftredir/kube"
 	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/nft"
 	"github.com/nftredir/nftredir/probe"
@@ -39,9 +40,9 @@ func observe(opts *options, cfg *server.Config, pcfg *lifecycle.Config, applier 
 	return m
 }
 
-// setSources points the scrape-time metrics at the lifecycle engine, the ZDS server
-// and the node probe table (zs and pt may be nil).
-func setSources(m *metrics.Metrics, pods *lifecycle.Manager, zs *zdsServing, pt lifecycle.ProbeTable) {
+// setSources points the scrape-time metrics at the lifecycle engine, the ZDS server,
+// the node probe table and the readiness taint's remover (zs, pt and u may be nil).
+func setSources(m *metrics.Metrics, pods *lifecycle.Manager, zs *zdsServing, pt lifecycle.ProbeTable, u *kube.Untainter) {
 	if m == nil {
 		return
 	}
@@ -52,6 +53,9 @@ func setSources(m *metrics.Metrics, pods *lifecycle.Manager, zs *zdsServing, pt 
 	if pm, ok := pt.(*probe.Manager); ok {
 		src.ProbeAddresses = pm.Addresses
 	}
+	if u != nil {
+		src.TaintRemovals = u.Removed
+	}
 	m.SetSources(src)
 }
 
@@ -59,23 +63,11 @@ func setSources(m *metrics.Metrics, pods *lifecycle.Manager, zs *zdsServing, pt 
 // exit.
 const httpShutdownTimeout = 2 * time.Second
 
-// serveHTTP binds --metrics-address and serves /healthz, /readyz and
-// /metrics until the returned stop is called. Liveness asks the daemon's
-// own gRPC health service over its socket, so a daemon whose gRPC server
-// no longer answers is restarted; readiness is the server's SERVING state
-// (startup reconcile done, not stopping) plus every --ready-file. The
-// kernel self-test has passed by the time this runs, or the daemon would
-// have stopped.
-//
-// It returns the bound address ("" when --metrics-address is empty).
-func serveHTTP(opts *options, srv *server.Server, m *metrics.Metrics, root hclog.Logger) (addr string, stop func(), err error) {
-	if m == nil {
-		return "", func() {}, nil
-	}
-	self, err := client.Dial(context.Background(), opts.socket, client.WithRetry(1, 0), client.WithTimeout(time.Second))
-	if err != nil {
-		return "", nil, err
-	}
+// readiness is what /readyz checks, and what the node's readiness taint
+// waits for: the server's SERVING state (startup reconcile done, in
+// Kubernetes mode the pods in line with the API, not stopping) and every
+// --ready-file (the CNI install step's, while the plugin is chained).
+func readiness(opts *options, srv *server.Server) []health.Check {
 	ready := []health.Check{
 		{Name: "startup reconcile", Check: func(context.Context) error {
 			if !srv.Ready() {
@@ -86,6 +78,25 @@ func serveHTTP(opts *options, srv *server.Server, m *metrics.Metrics, root hclog
 	}
 	for _, f := range opts.readyFiles {
 		ready = append(ready, health.FileExists(f))
+	}
+	return ready
+}
+
+// serveHTTP binds --metrics-address and serves /healthz, /readyz and
+// /metrics until the returned stop is called. Liveness asks the daemon's
+// own gRPC health service over its socket, so a daemon whose gRPC server
+// no longer answers is restarted; readiness is ready (readiness). The
+// kernel self-test has passed by the time this runs, or the daemon would
+// have stopped.
+//
+// It returns the bound address ("" when --metrics-address is empty).
+func serveHTTP(opts *options, ready []health.Check, m *metrics.Metrics, root hclog.Logger) (addr string, stop func(), err error) {
+	if m == nil {
+		return "", func() {}, nil
+	}
+	self, err := client.Dial(context.Background(), opts.socket, client.WithRetry(1, 0), client.WithTimeout(time.Second))
+	if err != nil {
+		return "", nil, err
 	}
 	h := health.NewHandler(health.Config{
 		Liveness: []health.Check{{Name: "grpc", Check: func(ctx context.Context) error {

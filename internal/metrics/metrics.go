@@ -38,6 +38,9 @@ type Sources struct {
 	ZDS func() zds.Stats
 	// ProbeAddresses counts the addresses in the node probe table's sets.
 	ProbeAddresses func() int
+	// TaintRemovals counts the readiness taints the daemon removed from
+	// its node (0 or 1 in a daemon's life).
+	TaintRemovals func() int
 }
 
 // Metrics holds the daemon's registry and its instruments.
@@ -235,10 +238,12 @@ var (
 		"ZDS connections dropped for a malformed or unexpected message.", nil, nil)
 	probeDesc = prometheus.NewDesc(namespace+"_probe_table_addresses",
 		"Pod addresses in the node probe table's sets.", nil, nil)
+	taintDesc = prometheus.NewDesc(namespace+"_readiness_taint_removals_total",
+		"Readiness taints (--readiness-taint) this daemon removed from its node once ready.", nil, nil)
 )
 
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{podsDesc, zdsConnectedDesc, zdsAcksDesc, zdsNacksDesc, zdsAckTimeoutsDesc, zdsProtocolErrorsDesc, probeDesc} {
+	for _, d := range []*prometheus.Desc{podsDesc, zdsConnectedDesc, zdsAcksDesc, zdsNacksDesc, zdsAckTimeoutsDesc, zdsProtocolErrorsDesc, probeDesc, taintDesc} {
 		ch <- d
 	}
 }
@@ -262,6 +267,9 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if src.ProbeAddresses != nil {
 		ch <- prometheus.MustNewConstMetric(probeDesc, prometheus.GaugeValue, float64(src.ProbeAddresses()))
+	}
+	if src.TaintRemovals != nil {
+		ch <- prometheus.MustNewConstMetric(taintDesc, prometheus.CounterValue, float64(src.TaintRemovals()))
 	}
 }
 
