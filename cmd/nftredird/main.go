@@ -20,8 +20,8 @@ import (
 
 	"github.com/nftredir/nftredir/capture"
 	"github.com/nftredir/nftredir/internal/health"
-	"github.com/nftredir/nftredir/internal/podowner"
 	"github.com/nftredir/nftredir/internal/peercred"
+	"github.com/nftredir/nftredir/internal/podowner"
 	"github.com/nftredir/nftredir/internal/selftest"
 	"github.com/nftredir/nftredir/internal/version"
 	"github.com/nftredir/nftredir/kube"
