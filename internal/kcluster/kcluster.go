@@ -71,6 +71,10 @@ type Options struct {
 	// runc. Default: $NFTREDIR_K8S_BIN, else the cache dir of
 	// hack/k8s-tools.sh.
 	ToolsDir string
+	// RegisterWithTaints are the taints the node carries from its
+	// registration (the kubelet's --register-with-taints), as a node
+	// pool's startup taints: "key=value:Effect" or "key:Effect".
+	RegisterWithTaints []string
 }
 
 // Cluster is a running single-node cluster. Its exported fields are fixed
@@ -113,6 +117,7 @@ type Cluster struct {
 	Client     *kubernetes.Clientset
 
 	t         testing.TB
+	opts      Options
 	repo      string
 	tools     string
 	pluginSrc string
@@ -136,7 +141,7 @@ func Start(t testing.TB, o Options) *Cluster {
 	t.Helper()
 	nstest.RequirePrivileged(t)
 	begin := time.Now()
-	c := &Cluster{t: t, procs: map[string]*proc{}, images: map[string]bool{}}
+	c := &Cluster{t: t, opts: o, procs: map[string]*proc{}, images: map[string]bool{}}
 	var err error
 	if c.repo, err = repoRoot(o.Repo); err != nil {
 		t.Fatal(err)
@@ -531,18 +536,22 @@ func (c *Cluster) startKubelet() error {
 	if err != nil {
 		return err
 	}
-	return c.startComponent("kubelet", "unshare", "--mount", "--propagation", "unchanged", "--",
+	args := []string{"unshare", "--mount", "--propagation", "unchanged", "--",
 		"/bin/sh", "-c", script,
 		c.bin("kubelet"),
-		"--config="+cfgPath,
-		"--kubeconfig="+filepath.Join(c.Dir, "kubelet.kubeconfig"),
-		"--root-dir="+filepath.Join(c.Dir, "kubelet"),
-		"--hostname-override="+c.NodeName,
-		"--node-ip="+c.NodeIP.String(),
+		"--config=" + cfgPath,
+		"--kubeconfig=" + filepath.Join(c.Dir, "kubelet.kubeconfig"),
+		"--root-dir=" + filepath.Join(c.Dir, "kubelet"),
+		"--hostname-override=" + c.NodeName,
+		"--node-ip=" + c.NodeIP.String(),
 		// Keeps the sandbox image out of image garbage collection.
-		"--pod-infra-container-image="+PauseImage,
+		"--pod-infra-container-image=" + PauseImage,
 		"--v=2",
-	)
+	}
+	if len(c.opts.RegisterWithTaints) > 0 {
+		args = append(args, "--register-with-taints="+strings.Join(c.opts.RegisterWithTaints, ","))
+	}
+	return c.startComponent("kubelet", args...)
 }
 
 func (c *Cluster) startControllers() error {
