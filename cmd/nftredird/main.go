@@ -260,6 +260,13 @@ func serve(opts *options, root hclog.Logger) (uninstalled bool, err error) {
 	if err != nil {
 		return false, err
 	}
+	if kc != nil && opts.podName != "" {
+		// Past the signal: the DaemonSet's deletion may arrive after it.
+		wctx, stopWatch := context.WithCancel(context.Background())
+		defer stopWatch()
+		klog := root.Named("kube")
+		kc.watch = kc.owner.Watch(wctx, opts.podNamespace, opts.podName, func(msg string, kv ...any) { klog.Warn(msg, kv...) })
+	}
 	ready := readiness(opts, srv)
 	var untaint *kube.Untainter
 	if kc != nil && opts.readinessTaint != "" {
@@ -303,7 +310,7 @@ func serve(opts *options, root hclog.Logger) (uninstalled bool, err error) {
 	if err := srv.Run(ctx, lis, opts.shutdownTimeout); err != nil {
 		return false, err
 	}
-	if kc == nil || opts.podName == "" {
+	if kc == nil || kc.watch == nil {
 		return false, nil
 	}
 	// Before the deferred stops: releasing pods tells ztunnel over ZDS.
@@ -345,6 +352,8 @@ type kubeConn struct {
 	client kubernetes.Interface
 	owner  *podowner.Client
 	agent  *kube.Agent
+	// watch follows the daemon's DaemonSet (with --pod-name).
+	watch *podowner.Watcher
 }
 
 // newKube connects Kubernetes mode to the API server.
@@ -395,9 +404,9 @@ const uninstallTimeBudget = 15 * time.Second
 func (kc *kubeConn) uninstallIfDeleted(opts *options, pods *lifecycle.Manager, log hclog.Logger) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), uninstallTimeBudget)
 	defer cancel()
-	v, why, err := kc.owner.Check(ctx, opts.podNamespace, opts.podName)
+	v, why, err := kc.watch.Verdict(ctx)
 	switch {
-	case err != nil:
+	case v != podowner.Deleted && err != nil:
 		log.Warn("cannot tell whether the DaemonSet is being deleted; captured pods and the probe table stay", "error", err)
 		return false
 	case v != podowner.Deleted:

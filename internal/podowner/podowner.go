@@ -215,10 +215,15 @@ const requestTimeout = 5 * time.Second
 
 // get reads path as JSON; nil, nil when the API says 404.
 func (c *Client) get(ctx context.Context, path string) (*object, error) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
+	return c.getInto(ctx, path, nil)
+}
+
+// request is a GET of pathQuery with the token, if any.
+func (c *Client) request(ctx context.Context, pathQuery string) (*http.Request, error) {
+	path, query, _ := strings.Cut(pathQuery, "?")
 	u := *c.host
 	u.Path = strings.TrimSuffix(u.Path, "/") + path
+	u.RawQuery = query
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
 		return nil, err
@@ -231,6 +236,17 @@ func (c *Client) get(ctx context.Context, path string) (*object, error) {
 			return nil, fmt.Errorf("the ServiceAccount's token: %w", err)
 		}
 		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
+	}
+	return req, nil
+}
+
+// getInto is get that also decodes the body into extra (if not nil).
+func (c *Client) getInto(ctx context.Context, path string, extra any) (*object, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	req, err := c.request(ctx, path)
+	if err != nil {
+		return nil, err
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
@@ -245,13 +261,18 @@ func (c *Client) get(ctx context.Context, path string) (*object, error) {
 	case resp.StatusCode == http.StatusNotFound:
 		return nil, nil
 	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
-		return nil, &permanentError{fmt.Errorf("%s: %s (the ServiceAccount needs get on pods and on daemonsets.apps in this namespace): %s", path, resp.Status, snippet(body))}
+		return nil, &permanentError{fmt.Errorf("%s: %s (the ServiceAccount needs get on pods and get, list and watch on daemonsets.apps in this namespace): %s", path, resp.Status, snippet(body))}
 	case resp.StatusCode != http.StatusOK:
 		return nil, fmt.Errorf("%s: %s: %s", path, resp.Status, snippet(body))
 	}
 	var o object
 	if err := json.Unmarshal(body, &o); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if extra != nil {
+		if err := json.Unmarshal(body, extra); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
 	}
 	return &o, nil
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 const podJSON = `{"metadata":{"uid":"p1","ownerReferences":[
@@ -136,4 +137,54 @@ func TestInClusterSendsTheCurrentToken(t *testing.T) {
 func certPEM(t *testing.T, srv *httptest.Server) []byte {
 	t.Helper()
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+}
+
+// The watch learns of the deletion while it is authorised, and the
+// verdict at the stop holds it even when the API refuses this pod by
+// then (its ServiceAccount and bindings deleted with the DaemonSet).
+func TestWatchSeesTheDeletionBeforeTheStop(t *testing.T) {
+	deleted := make(chan struct{})
+	var refuse atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if refuse.Load() {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		switch {
+		case r.URL.Path == "/api/v1/namespaces/sys/pods/nftredir-abc":
+			w.Write([]byte(podJSON))
+		case r.URL.Path == "/apis/apps/v1/namespaces/sys/daemonsets/nftredir":
+			w.Write([]byte(`{"metadata":{"uid":"ds1","resourceVersion":"7"}}`))
+		case r.URL.Path == "/apis/apps/v1/namespaces/sys/daemonsets" && r.URL.Query().Get("watch") == "1":
+			if r.URL.Query().Get("resourceVersion") != "7" || r.URL.Query().Get("fieldSelector") != "metadata.name=nftredir" {
+				t.Errorf("watch query %s", r.URL.RawQuery)
+			}
+			fl := w.(http.Flusher)
+			w.Write([]byte(`{"type":"MODIFIED","object":{"metadata":{"uid":"ds1"}}}` + "\n"))
+			fl.Flush()
+			<-deleted
+			w.Write([]byte(`{"type":"DELETED","object":{"metadata":{"uid":"ds1"}}}` + "\n"))
+			fl.Flush()
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	c, _ := New(srv.Client(), srv.URL)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w := c.Watch(ctx, "sys", "nftredir-abc", func(msg string, kv ...any) { t.Log(msg, kv) })
+	time.Sleep(200 * time.Millisecond)
+	if v, _ := w.seenVerdict(); v != Lives {
+		t.Fatalf("before the deletion the watch says %s; want lives", v)
+	}
+	if v, _, err := w.Verdict(ctx); v != Lives || err != nil {
+		t.Fatalf("Verdict before the deletion = %s, %v; want lives", v, err)
+	}
+	close(deleted)
+	time.Sleep(200 * time.Millisecond)
+	refuse.Store(true)
+	if v, why, err := w.Verdict(ctx); v != Deleted || err != nil || !strings.Contains(why, "watched") {
+		t.Fatalf("Verdict after the deletion, API refusing = %s, %q, %v; want deleted (watched)", v, why, err)
+	}
 }

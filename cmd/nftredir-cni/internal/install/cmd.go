@@ -130,6 +130,10 @@ func Main(command string, args []string, lookupEnv func(string) (string, bool), 
 		log.Info("installed", "conf_dir", cfg.ConfDir, "bin_dirs", cfg.BinDirs)
 		return 0
 	}
+	// Past the signal: the DaemonSet's deletion may arrive just after it.
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	defer stopWatch()
+	owner := watchOwner(watchCtx, opts, lookupEnv, log)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	log.Info("installing and watching", "conf_dir", cfg.ConfDir, "conf_name", cfg.ConfName, "bin_dirs", cfg.BinDirs, "cleanup_on_exit", opts.cleanupOnExit)
@@ -138,8 +142,8 @@ func Main(command string, args []string, lookupEnv func(string) (string, bool), 
 		log.Error("watching stopped", "error", runErr)
 	}
 	cleanup := opts.cleanupOnExit
-	if !cleanup && opts.podName != "" {
-		cleanup = daemonSetDeleted(opts, lookupEnv, log)
+	if !cleanup {
+		cleanup = daemonSetDeleted(owner, log)
 	}
 	if cleanup {
 		if err := in.Uninstall(); err != nil {
@@ -163,24 +167,37 @@ func Main(command string, args []string, lookupEnv func(string) (string, bool), 
 // grace period is 30s.
 const ownerCheckTimeout = 10 * time.Second
 
-// daemonSetDeleted asks the API whether this pod's DaemonSet is gone or
-// being deleted. Anything else, an API that cannot be reached included,
-// is a restart or an update: the plugin stays.
-func daemonSetDeleted(opts *options, lookupEnv func(string) (string, bool), log hclog.Logger) bool {
+// watchOwner starts following this pod's DaemonSet, when the pod is
+// known, so that its deletion is seen while the pod may still read it.
+// nil when there is nothing to follow (logged).
+func watchOwner(ctx context.Context, opts *options, lookupEnv func(string) (string, bool), log hclog.Logger) *podowner.Watcher {
+	if opts.podName == "" {
+		return nil
+	}
 	c, err := podowner.InCluster(podowner.ServiceAccountDir, lookupEnv)
 	if err != nil {
-		log.Warn("cannot ask whether the DaemonSet is being deleted; the plugin stays", "error", err)
+		log.Warn("cannot follow the DaemonSet; a stop will leave the plugin in place", "error", err)
+		return nil
+	}
+	return c.Watch(ctx, opts.podNamespace, opts.podName, func(msg string, kv ...any) { log.Warn(msg, kv...) })
+}
+
+// daemonSetDeleted tells whether this pod's DaemonSet is gone or being
+// deleted. Anything else, an API that cannot be reached included, is a
+// restart or an update: the plugin stays.
+func daemonSetDeleted(w *podowner.Watcher, log hclog.Logger) bool {
+	if w == nil {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), ownerCheckTimeout)
 	defer cancel()
-	v, why, err := c.Check(ctx, opts.podNamespace, opts.podName)
+	v, why, err := w.Verdict(ctx)
 	switch {
-	case err != nil:
-		log.Warn("cannot tell whether the DaemonSet is being deleted; the plugin stays", "error", err)
 	case v == podowner.Deleted:
 		log.Info("DaemonSet deleted: uninstalling the plugin", "why", why)
 		return true
+	case err != nil:
+		log.Warn("cannot tell whether the DaemonSet is being deleted; the plugin stays", "error", err)
 	default:
 		log.Info("not an uninstall; the plugin stays", "why", why)
 	}
