@@ -158,6 +158,15 @@ func (c *Client) check(ctx context.Context, namespace, name string) (Verdict, st
 		return Unknown, "", fmt.Errorf("read pod %s/%s: %w", namespace, name, err)
 	}
 	owner := daemonSetOwner(pod)
+	if pod != nil && owner != nil {
+		ns, err := c.get(ctx, "/api/v1/namespaces/"+url.PathEscape(namespace))
+		if err != nil {
+			return Unknown, "", fmt.Errorf("read namespace %s: %w", namespace, err)
+		}
+		if ns == nil || ns.Metadata.DeletionTimestamp != nil {
+			return Deleted, fmt.Sprintf("namespace %s is being deleted", namespace), nil
+		}
+	}
 	var ds *object
 	if pod != nil && owner != nil {
 		ds, err = c.get(ctx, "/apis/apps/v1/namespaces/"+url.PathEscape(namespace)+"/daemonsets/"+url.PathEscape(owner.Name))

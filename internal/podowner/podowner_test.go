@@ -21,6 +21,10 @@ const podJSON = `{"metadata":{"uid":"p1","ownerReferences":[
 // api serves the pod and DaemonSet bodies given ("" is a 404), counting
 // requests.
 func api(t *testing.T, pod, ds string, status int) (*Client, *atomic.Int32) {
+	return apiNS(t, pod, ds, `{"metadata":{"uid":"ns1"}}`, status)
+}
+
+func apiNS(t *testing.T, pod, ds, nsBody string, status int) (*Client, *atomic.Int32) {
 	t.Helper()
 	var n atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -31,6 +35,8 @@ func api(t *testing.T, pod, ds string, status int) (*Client, *atomic.Int32) {
 		}
 		var body string
 		switch r.URL.Path {
+		case "/api/v1/namespaces/sys":
+			body = nsBody
 		case "/api/v1/namespaces/sys/pods/nftredir-abc":
 			body = pod
 		case "/apis/apps/v1/namespaces/sys/daemonsets/nftredir":
@@ -71,6 +77,16 @@ func TestCheck(t *testing.T) {
 				t.Fatalf("Check = %s, %q, %v; want %s, ...%q...", v, why, err, tc.want, tc.why)
 			}
 		})
+	}
+}
+
+// A pod whose namespace is being deleted is going away with its
+// DaemonSet, even while the DaemonSet is still there.
+func TestCheckNamespaceBeingDeleted(t *testing.T) {
+	c, _ := apiNS(t, podJSON, `{"metadata":{"uid":"ds1"}}`, `{"metadata":{"uid":"ns1","deletionTimestamp":"2026-12-01T22:00:00Z"}}`, 0)
+	v, why, err := c.Check(context.Background(), "sys", "nftredir-abc")
+	if err != nil || v != Deleted || !strings.Contains(why, "namespace sys") {
+		t.Fatalf("Check = %s, %q, %v; want deleted because of the namespace", v, why, err)
 	}
 }
 
@@ -151,6 +167,8 @@ func TestWatchSeesTheDeletionBeforeTheStop(t *testing.T) {
 			return
 		}
 		switch {
+		case r.URL.Path == "/api/v1/namespaces/sys":
+			w.Write([]byte(`{"metadata":{"uid":"ns1","resourceVersion":"3"}}`))
 		case r.URL.Path == "/api/v1/namespaces/sys/pods/nftredir-abc":
 			w.Write([]byte(podJSON))
 		case r.URL.Path == "/apis/apps/v1/namespaces/sys/daemonsets/nftredir":
@@ -165,6 +183,12 @@ func TestWatchSeesTheDeletionBeforeTheStop(t *testing.T) {
 			<-deleted
 			w.Write([]byte(`{"type":"DELETED","object":{"metadata":{"uid":"ds1"}}}` + "\n"))
 			fl.Flush()
+		case r.URL.Path == "/api/v1/namespaces" && r.URL.Query().Get("watch") == "1":
+			// No news of the namespace until the test ends.
+			select {
+			case <-r.Context().Done():
+			case <-deleted:
+			}
 		default:
 			http.NotFound(w, r)
 		}

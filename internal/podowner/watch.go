@@ -3,7 +3,6 @@ package podowner
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -84,70 +83,113 @@ func (w *Watcher) set(v Verdict, why string) {
 // watchRetry spaces the watch's restarts after a failure.
 const watchRetry = 5 * time.Second
 
+// target is one object the watcher follows: its collection's path, its
+// name, and what an event of it means (judge returns Unknown for "no
+// news").
+type target struct {
+	collection, name string
+	judge            func(typ string, o *object) (Verdict, string)
+}
+
 func (w *Watcher) run(ctx context.Context) {
-	for ctx.Err() == nil {
-		if err := w.once(ctx); err != nil && ctx.Err() == nil {
-			w.log("watching the DaemonSet failed; retrying", "error", err, "retry_in", watchRetry)
+	var owner *ownerRef
+	for owner == nil {
+		pod, err := w.c.get(ctx, "/api/v1/namespaces/"+url.PathEscape(w.namespace)+"/pods/"+url.PathEscape(w.pod))
+		switch {
+		case err != nil:
+			w.log("cannot read this pod to find its DaemonSet; retrying", "error", err, "retry_in", watchRetry)
+		default:
+			if owner = daemonSetOwner(pod); owner == nil {
+				w.set(decide(pod, nil, nil))
+				w.log("not following a DaemonSet", "why", w.why)
+				return
+			}
 		}
+		if owner == nil && !sleep(ctx, watchRetry) {
+			return
+		}
+	}
+	w.mu.Lock()
+	w.owner = owner
+	w.mu.Unlock()
+	// The namespace too: deleting it (kubectl delete -k with the
+	// namespace in it) deletes the pods, maybe before the DaemonSet.
+	ns := target{collection: "/api/v1/namespaces", name: w.namespace, judge: func(typ string, o *object) (Verdict, string) {
+		if typ == "DELETED" || o.Metadata.DeletionTimestamp != nil {
+			return Deleted, fmt.Sprintf("namespace %s is being deleted", w.namespace)
+		}
+		return Unknown, ""
+	}}
+	ds := target{collection: "/apis/apps/v1/namespaces/" + url.PathEscape(w.namespace) + "/daemonsets", name: owner.Name, judge: func(typ string, o *object) (Verdict, string) {
+		if typ == "DELETED" {
+			if o.Metadata.UID == owner.UID {
+				return Deleted, fmt.Sprintf("DaemonSet %s was deleted", owner.Name)
+			}
+			return Unknown, ""
+		}
+		return decide(&object{}, owner, o)
+	}}
+	go w.follow(ctx, ns)
+	w.follow(ctx, ds)
+}
+
+// sleep waits d or until ctx ends; false if it ended.
+func sleep(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
+
+// follow watches t until a deletion is seen or ctx ends, reading it again
+// whenever the stream ends.
+func (w *Watcher) follow(ctx context.Context, t target) {
+	for ctx.Err() == nil {
 		if v, _ := w.seenVerdict(); v == Deleted {
 			return
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(watchRetry):
+		if err := w.once(ctx, t); err != nil && ctx.Err() == nil {
+			w.log("watching failed; retrying", "object", t.collection+"/"+t.name, "error", err, "retry_in", watchRetry)
+			if !sleep(ctx, watchRetry) {
+				return
+			}
 		}
 	}
 }
 
-// once reads the owner (first time), the DaemonSet, and watches it from
-// the version read until the stream ends.
-func (w *Watcher) once(ctx context.Context) error {
-	w.mu.Lock()
-	owner := w.owner
-	w.mu.Unlock()
-	if owner == nil {
-		pod, err := w.c.get(ctx, "/api/v1/namespaces/"+url.PathEscape(w.namespace)+"/pods/"+url.PathEscape(w.pod))
-		if err != nil {
-			return fmt.Errorf("read pod %s/%s: %w", w.namespace, w.pod, err)
-		}
-		if owner = daemonSetOwner(pod); owner == nil {
-			v, why := decide(pod, nil, nil)
-			w.set(v, why)
-			return errors.New(why)
-		}
-		w.mu.Lock()
-		w.owner = owner
-		w.mu.Unlock()
-	}
-	base := "/apis/apps/v1/namespaces/" + url.PathEscape(w.namespace) + "/daemonsets"
-	ds, rv, err := w.c.getRV(ctx, base+"/"+url.PathEscape(owner.Name))
+// once reads t and watches it from the version read until the stream
+// ends (the server closes it after timeoutSeconds).
+func (w *Watcher) once(ctx context.Context, t target) error {
+	o, rv, err := w.c.getRV(ctx, t.collection+"/"+url.PathEscape(t.name))
 	if err != nil {
 		return err
 	}
-	w.set(decide(&object{}, owner, ds))
-	if ds == nil {
+	if o == nil {
+		w.judged(t.judge("DELETED", &object{}))
 		return nil
 	}
+	w.judged(t.judge("ADDED", o))
 	q := url.Values{
 		"watch":               {"1"},
-		"fieldSelector":       {"metadata.name=" + owner.Name},
+		"fieldSelector":       {"metadata.name=" + t.name},
 		"resourceVersion":     {rv},
 		"allowWatchBookmarks": {"true"},
 		"timeoutSeconds":      {"600"},
 	}
-	return w.c.stream(ctx, base+"?"+q.Encode(), func(typ string, o *object) bool {
-		switch typ {
-		case "DELETED":
-			if o.Metadata.UID == owner.UID {
-				w.set(Deleted, fmt.Sprintf("DaemonSet %s was deleted", owner.Name))
-				return false
-			}
-		case "ADDED", "MODIFIED":
-			w.set(decide(&object{}, owner, o))
-		}
+	return w.c.stream(ctx, t.collection+"?"+q.Encode(), func(typ string, o *object) bool {
+		w.judged(t.judge(typ, o))
 		v, _ := w.seenVerdict()
 		return v != Deleted
 	})
+}
+
+// judged records a verdict an event gave; Unknown is no news.
+func (w *Watcher) judged(v Verdict, why string) {
+	if v != Unknown {
+		w.set(v, why)
+	}
 }
 
 // getRV is get plus the object's resourceVersion, where a watch starts.
