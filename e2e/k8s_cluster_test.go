@@ -34,11 +34,18 @@ const skipK8sEnv = "NFTREDIR_SKIP_K8S"
 // startCluster brings up the cluster, torn down when the test ends.
 func startCluster(t *testing.T) *kcluster.Cluster {
 	t.Helper()
+	return startClusterWith(t, kcluster.Options{})
+}
+
+// startClusterWith is startCluster with options (the repository is set).
+func startClusterWith(t *testing.T, o kcluster.Options) *kcluster.Cluster {
+	t.Helper()
 	nstest.RequirePrivileged(t)
 	if os.Getenv(skipK8sEnv) == "1" {
 		t.Skipf("Kubernetes cluster tests skipped because %s=1", skipK8sEnv)
 	}
-	return kcluster.Start(t, kcluster.Options{Repo: binaries(t).Repo})
+	o.Repo = binaries(t).Repo
+	return kcluster.Start(t, o)
 }
 
 // k8sWorld is a cluster whose pod network ends in nftredir-cni, talking to
