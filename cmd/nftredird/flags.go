@@ -136,6 +136,11 @@ one is absent. On --metrics-address it serves HTTP: /healthz (liveness:
 the gRPC server answers), /readyz (readiness: startup reconcile done and
 every --ready-file present) and /metrics (Prometheus, nftredir_*).
 
+In Kubernetes mode it takes --readiness-taint off its node once it is
+ready (as /readyz), and, given its pod (--pod-name, --pod-namespace), a
+stop after its DaemonSet was deleted is an uninstall: captured pods are
+released (--uninstall-release-pods) and the node probe table removed.
+
 Every flag can also be given as an environment variable: NFTREDIR_ plus
 the flag name in upper case with '-' as '_' (--state-dir is
 NFTREDIR_STATE_DIR). A flag on the command line wins over the variable.
