@@ -212,3 +212,25 @@ func TestWatchSeesTheDeletionBeforeTheStop(t *testing.T) {
 		t.Fatalf("Verdict after the deletion, API refusing = %s, %q, %v; want deleted (watched)", v, why, err)
 	}
 }
+
+// A DaemonSet already gone when the watch starts is a deletion seen.
+func TestWatchDaemonSetGoneAtStart(t *testing.T) {
+	c, _ := api(t, podJSON, "", 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w := c.Watch(ctx, "sys", "nftredir-abc", nil)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if v, why := w.seenVerdict(); v == Deleted {
+			if !strings.Contains(why, "gone") {
+				t.Errorf("why %q", why)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			v, why := w.seenVerdict()
+			t.Fatalf("watch says %s (%s); want deleted", v, why)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

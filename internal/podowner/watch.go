@@ -85,7 +85,7 @@ const watchRetry = 5 * time.Second
 
 // target is one object the watcher follows: its collection's path, its
 // name, and what an event of it means (judge returns Unknown for "no
-// news").
+// news"; o is nil when a read found the object gone).
 type target struct {
 	collection, name string
 	judge            func(typ string, o *object) (Verdict, string)
@@ -115,12 +115,15 @@ func (w *Watcher) run(ctx context.Context) {
 	// The namespace too: deleting it (kubectl delete -k with the
 	// namespace in it) deletes the pods, maybe before the DaemonSet.
 	ns := target{collection: "/api/v1/namespaces", name: w.namespace, judge: func(typ string, o *object) (Verdict, string) {
-		if typ == "DELETED" || o.Metadata.DeletionTimestamp != nil {
+		if o == nil || typ == "DELETED" || o.Metadata.DeletionTimestamp != nil {
 			return Deleted, fmt.Sprintf("namespace %s is being deleted", w.namespace)
 		}
 		return Unknown, ""
 	}}
 	ds := target{collection: "/apis/apps/v1/namespaces/" + url.PathEscape(w.namespace) + "/daemonsets", name: owner.Name, judge: func(typ string, o *object) (Verdict, string) {
+		if o == nil {
+			return Deleted, fmt.Sprintf("DaemonSet %s is gone", owner.Name)
+		}
 		if typ == "DELETED" {
 			if o.Metadata.UID == owner.UID {
 				return Deleted, fmt.Sprintf("DaemonSet %s was deleted", owner.Name)
@@ -167,7 +170,7 @@ func (w *Watcher) once(ctx context.Context, t target) error {
 		return err
 	}
 	if o == nil {
-		w.judged(t.judge("DELETED", &object{}))
+		w.judged(t.judge("DELETED", nil))
 		return nil
 	}
 	w.judged(t.judge("ADDED", o))
