@@ -234,3 +234,48 @@ func TestWatchDaemonSetGoneAtStart(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A DaemonSet deleted and created again under its name (helm uninstall
+// and install in a row) is a replacement: the new pods take over, nothing
+// is uninstalled.
+func TestWatchReplacementIsNotAnUninstall(t *testing.T) {
+	var refuse atomic.Bool
+	recreated := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if refuse.Load() {
+			w.WriteHeader(http.StatusForbidden)
+			return
+		}
+		switch {
+		case r.URL.Path == "/api/v1/namespaces/sys":
+			w.Write([]byte(`{"metadata":{"uid":"ns1","resourceVersion":"3"}}`))
+		case r.URL.Path == "/api/v1/namespaces/sys/pods/nftredir-abc":
+			w.Write([]byte(podJSON))
+		case r.URL.Path == "/apis/apps/v1/namespaces/sys/daemonsets/nftredir":
+			w.Write([]byte(`{"metadata":{"uid":"ds1","resourceVersion":"7"}}`))
+		case r.URL.Path == "/apis/apps/v1/namespaces/sys/daemonsets":
+			fl := w.(http.Flusher)
+			w.Write([]byte(`{"type":"DELETED","object":{"metadata":{"uid":"ds1"}}}` + "\n"))
+			fl.Flush()
+			time.Sleep(100 * time.Millisecond)
+			w.Write([]byte(`{"type":"ADDED","object":{"metadata":{"uid":"ds2"}}}` + "\n"))
+			fl.Flush()
+			close(recreated)
+			<-r.Context().Done()
+		default:
+			<-r.Context().Done()
+		}
+	}))
+	t.Cleanup(srv.Close)
+	c, _ := New(srv.Client(), srv.URL)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w := c.Watch(ctx, "sys", "nftredir-abc", nil)
+	<-recreated
+	time.Sleep(100 * time.Millisecond)
+	refuse.Store(true)
+	if v, why, _ := w.Verdict(ctx); v != Lives || !strings.Contains(why, "replaced") {
+		t.Fatalf("Verdict after a replacement = %s, %q; want lives (replaced)", v, why)
+	}
+	cancel()
+}

@@ -25,8 +25,15 @@ type Watcher struct {
 
 	mu    sync.Mutex
 	owner *ownerRef // the pod's DaemonSet, once read
-	seen  Verdict   // what the watch has seen of it
-	why   string
+	// seen is the last news of each followed object (the DaemonSet, the
+	// namespace); none is final: a DaemonSet deleted and created again
+	// under its name is a replacement, not an uninstall.
+	seen map[string]news
+}
+
+type news struct {
+	v   Verdict
+	why string
 }
 
 // Watch starts following the DaemonSet of pod namespace/name until ctx
@@ -35,7 +42,7 @@ func (c *Client) Watch(ctx context.Context, namespace, name string, log func(msg
 	if log == nil {
 		log = func(string, ...any) {}
 	}
-	w := &Watcher{c: c, namespace: namespace, pod: name, log: log}
+	w := &Watcher{c: c, namespace: namespace, pod: name, log: log, seen: map[string]news{}}
 	go w.run(ctx)
 	return w
 }
@@ -44,40 +51,44 @@ func (c *Client) Watch(ctx context.Context, namespace, name string, log func(msg
 // stop is refused: the DaemonSet's deletion event may be on its way.
 const settleWait = 2 * time.Second
 
-// Verdict is the answer at the stop: Deleted if the watch saw the
-// DaemonSet go, else what a GET says now. A GET refused while the watch
-// says nothing gets settleWait for the watch to catch up.
+// Verdict is the answer at the stop: what a GET says now, when the API
+// answers this pod; else what the watch saw last, with settleWait for a
+// deletion event that may be on its way.
 func (w *Watcher) Verdict(ctx context.Context) (Verdict, string, error) {
-	if v, why := w.seenVerdict(); v == Deleted {
-		return v, why + " (watched)", nil
-	}
 	v, why, err := w.c.Check(ctx, w.namespace, w.pod)
 	if err == nil && v != Unknown {
 		return v, why, nil
 	}
 	deadline := time.Now().Add(settleWait)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if sv, swhy := w.seenVerdict(); sv == Deleted {
-			return sv, swhy + " (watched)", nil
+	for {
+		if sv, swhy := w.seenVerdict(); sv == Deleted || time.Now().After(deadline) || ctx.Err() != nil {
+			if sv != Unknown {
+				return sv, swhy + " (watched)", nil
+			}
+			return v, why, err
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return v, why, err
 }
 
+// seenVerdict combines the news: any deletion is an uninstall, else a
+// DaemonSet there (or replaced) is not.
 func (w *Watcher) seenVerdict() (Verdict, string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.seen, w.why
+	out := news{v: Unknown}
+	for _, n := range w.seen {
+		if n.v == Deleted || (n.v == Lives && out.v == Unknown) {
+			out = n
+		}
+	}
+	return out.v, out.why
 }
 
-func (w *Watcher) set(v Verdict, why string) {
+func (w *Watcher) set(key string, v Verdict, why string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.seen == Deleted {
-		return // final
-	}
-	w.seen, w.why = v, why
+	w.seen[key] = news{v, why}
 }
 
 // watchRetry spaces the watch's restarts after a failure.
@@ -100,8 +111,8 @@ func (w *Watcher) run(ctx context.Context) {
 			w.log("cannot read this pod to find its DaemonSet; retrying", "error", err, "retry_in", watchRetry)
 		default:
 			if owner = daemonSetOwner(pod); owner == nil {
-				w.set(decide(pod, nil, nil))
-				w.log("not following a DaemonSet", "why", w.why)
+				_, why := decide(pod, nil, nil)
+				w.log("not following a DaemonSet", "why", why)
 				return
 			}
 		}
@@ -146,13 +157,10 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// follow watches t until a deletion is seen or ctx ends, reading it again
-// whenever the stream ends.
+// follow watches t until ctx ends, reading it again whenever the stream
+// ends.
 func (w *Watcher) follow(ctx context.Context, t target) {
 	for ctx.Err() == nil {
-		if v, _ := w.seenVerdict(); v == Deleted {
-			return
-		}
 		if err := w.once(ctx, t); err != nil && ctx.Err() == nil {
 			w.log("watching failed; retrying", "object", t.collection+"/"+t.name, "error", err, "retry_in", watchRetry)
 			if !sleep(ctx, watchRetry) {
@@ -169,11 +177,21 @@ func (w *Watcher) once(ctx context.Context, t target) error {
 	if err != nil {
 		return err
 	}
+	key := t.collection + "/" + t.name
+	judged := func(v Verdict, why string) {
+		if v != Unknown {
+			w.set(key, v, why)
+		}
+	}
 	if o == nil {
-		w.judged(t.judge("DELETED", nil))
+		judged(t.judge("DELETED", nil))
+		// Nothing to watch from; look again in a while.
+		if !sleep(ctx, watchRetry) {
+			return nil
+		}
 		return nil
 	}
-	w.judged(t.judge("ADDED", o))
+	judged(t.judge("ADDED", o))
 	q := url.Values{
 		"watch":               {"1"},
 		"fieldSelector":       {"metadata.name=" + t.name},
@@ -182,17 +200,9 @@ func (w *Watcher) once(ctx context.Context, t target) error {
 		"timeoutSeconds":      {"600"},
 	}
 	return w.c.stream(ctx, t.collection+"?"+q.Encode(), func(typ string, o *object) bool {
-		w.judged(t.judge(typ, o))
-		v, _ := w.seenVerdict()
-		return v != Deleted
+		judged(t.judge(typ, o))
+		return true
 	})
-}
-
-// judged records a verdict an event gave; Unknown is no news.
-func (w *Watcher) judged(v Verdict, why string) {
-	if v != Unknown {
-		w.set(v, why)
-	}
 }
 
 // getRV is get plus the object's resourceVersion, where a watch starts.
