@@ -44,6 +44,7 @@ const (
 	cniDropInIP0  = 90
 	cniInsertIP0  = 130
 	cniInstallIP0 = 170
+	cniV031IP0    = 210
 	cniAppPort    = 8080
 	cniNodePort   = 9090
 	cniApp        = "app"
@@ -86,6 +87,7 @@ func TestCNI(t *testing.T) {
 	t.Run("DropIn", w.testDropIn)
 	t.Run("InsertIntoConflist", w.testInsert)
 	t.Run("InstallStep", w.testInstallStep)
+	t.Run("Version031", w.testVersion031)
 }
 
 func newCNIWorld(t *testing.T) *cniWorld {
@@ -173,6 +175,12 @@ func cniRandHex(n int) string { return hex.EncodeToString(cniRandBytes(n)) }
 // addresses from ip0 on, then more plugins.
 func (w *cniWorld) writeConflist(t *testing.T, name string, ip0 byte, more ...any) string {
 	t.Helper()
+	return w.writeConflistAt(t, "1.1.0", name, ip0, more...)
+}
+
+// writeConflistAt is writeConflist declaring cniVersion version.
+func (w *cniWorld) writeConflistAt(t *testing.T, version, name string, ip0 byte, more ...any) string {
+	t.Helper()
 	base := w.subnet.Addr().As4()
 	start, end := base, base
 	start[3], end[3] = ip0, ip0+39
@@ -196,7 +204,7 @@ func (w *cniWorld) writeConflist(t *testing.T, name string, ip0 byte, more ...an
 		},
 	}}
 	plugins = append(plugins, more...)
-	b, err := json.MarshalIndent(map[string]any{"cniVersion": "1.1.0", "name": name, "plugins": plugins}, "", "  ")
+	b, err := json.MarshalIndent(map[string]any{"cniVersion": version, "name": name, "plugins": plugins}, "", "  ")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -624,7 +632,7 @@ func (w *cniWorld) testVersion(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &v); err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]string{"0.4.0", "1.0.0", "1.1.0"}, v.Supported); diff != "" {
+	if diff := cmp.Diff([]string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}, v.Supported); diff != "" {
 		t.Errorf("supported versions (-want +got):\n%s", diff)
 	}
 }
@@ -839,4 +847,88 @@ func (w *cniWorld) testInstallStep(t *testing.T) {
 		t.Error("a pod was enrolled through the network after uninstall")
 	}
 	w.mustCnitool(t, "del", network, p)
+}
+
+// testVersion031 runs a pod through a cniVersion 0.3.1 network (the
+// version of Flannel's, Calico's, Cilium's and kindnet's defaults) that
+// "nftredir-cni install" chained the plugin into: bridge's 0.3.1 result
+// comes back unchanged, the pod is enrolled with its address and its
+// traffic captured, CHECK is refused as 0.3.1 has none, DEL releases it.
+func (w *cniWorld) testVersion031(t *testing.T) {
+	w.ensureDaemon(t)
+	network := w.net + "-v031"
+	conflist := w.writeConflistAt(t, "0.3.1", network, cniV031IP0)
+	entry, err := json.Marshal(map[string]any{"dataDir": w.dataDir, "logLevel": "debug"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entryFile := filepath.Join(w.dir, "v031-entry.json")
+	binDir := filepath.Join(w.dir, "cni-bin-v031")
+	if err := os.WriteFile(entryFile, entry, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(binDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(w.plugin, "install", "--once", "--cni-bin-dir", binDir, "--cni-conf-dir", w.netconf,
+		"--cni-conf-name", filepath.Base(conflist), "--plugin-config", entryFile,
+		"--socket", w.socket, "--timeout", "5s", "--log-file", w.pluginLog).CombinedOutput()
+	if err != nil {
+		t.Fatalf("install --once into a 0.3.1 network: %v\n%s", err, out)
+	}
+	var l struct {
+		CNIVersion string           `json:"cniVersion"`
+		Plugins    []map[string]any `json:"plugins"`
+	}
+	b, _ := os.ReadFile(conflist)
+	if err := json.Unmarshal(b, &l); err != nil || l.CNIVersion != "0.3.1" || len(l.Plugins) != 2 || l.Plugins[1]["type"] != "nftredir-cni" {
+		t.Fatalf("network after install (%v):\n%s", err, b)
+	}
+
+	p := w.newPod(t)
+	t.Cleanup(func() { w.runCnitool("del", network, p) })
+	rec := nstest.NewRecorder()
+	nstest.StartProxy(t, p.Netns, rec, nstest.DefaultProxyPorts)
+	res := w.mustCnitool(t, "add", network, p)
+	var r struct {
+		CNIVersion string `json:"cniVersion"`
+		IPs        []struct {
+			Version string `json:"version"`
+		} `json:"ips"`
+	}
+	if err := json.Unmarshal([]byte(res), &r); err != nil || r.CNIVersion != "0.3.1" || len(r.IPs) == 0 || r.IPs[0].Version != "4" {
+		t.Errorf("result is not bridge's 0.3.1 result (%v):\n%s", err, res)
+	}
+	addr := podAddr(t, parseResult(t, res))
+	got := getPod(t, w.client, p.uid)
+	if got == nil || got.GetSyncStatus() != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC {
+		t.Fatalf("after cnitool add on the 0.3.1 network: record %v", got)
+	}
+	if ips := got.GetPod().GetPodIps(); !slices.Equal(ips, []string{addr.String()}) {
+		t.Errorf("enrolled with %v, want [%s]", ips, addr)
+	}
+	nstest.StartTCP(t, p.Netns, rec, cniApp, cniAppPort)
+	nstest.StartTCP(t, w.node, rec, cniNodeSrv, cniNodePort)
+	w.expectCaptured(t, p, rec, addr)
+
+	// libcni refuses CHECK on a 0.3.1 network; the plugin, asked
+	// directly, answers with the spec's incompatible-version code.
+	if out, errOut, err := w.runCnitool("check", network, p); err == nil {
+		t.Errorf("cnitool check of a 0.3.1 network passed: %s%s", out, errOut)
+	}
+	conf := w.pluginConf(map[string]any{"cniVersion": "0.3.1", "name": network, "dataDir": w.dataDir,
+		"prevResult": json.RawMessage(res)})
+	stdout, err := w.execPlugin(t, "CHECK", conf, "CNI_CONTAINERID="+p.containerID(), "CNI_NETNS="+p.Path,
+		"CNI_IFNAME=eth0", "CNI_ARGS="+p.cniArgs)
+	if err == nil {
+		t.Errorf("plugin CHECK at 0.3.1 succeeded: %s", stdout)
+	} else if e := cniError(t, stdout); e.Code != types.ErrIncompatibleCNIVersion {
+		t.Errorf("plugin CHECK at 0.3.1: code %d %q, want %d", e.Code, e.Msg, types.ErrIncompatibleCNIVersion)
+	}
+
+	w.mustCnitool(t, "del", network, p)
+	if getPod(t, w.client, p.uid) != nil {
+		t.Error("pod still enrolled after cnitool del on the 0.3.1 network")
+	}
+	w.waitCaptureGone(t, p)
 }

@@ -20,7 +20,7 @@ import (
 // watcher never reads half a file.
 func (c *Cluster) writeConflist(more ...any) error {
 	plugins := append([]any{c.BridgePlugin()}, more...)
-	b, err := json.MarshalIndent(map[string]any{"cniVersion": CNIVersion, "name": "kcluster", "plugins": plugins}, "", "  ")
+	b, err := json.MarshalIndent(map[string]any{"cniVersion": c.ConflistVersion, "name": "kcluster", "plugins": plugins}, "", "  ")
 	if err != nil {
 		return err
 	}

@@ -44,8 +44,9 @@ const (
 	StandinImage = "nftredir.test/standin:1"
 )
 
-// CNIVersion is the version the cluster's conflist declares: the newest
-// that containerd 1.6 (libcni 1.1) accepts.
+// CNIVersion is the version the cluster's conflist declares unless
+// Options.ConflistVersion says otherwise: the newest that containerd 1.6
+// (libcni 1.1) accepts.
 const CNIVersion = "1.0.0"
 
 // BridgeName is the bridge the CNI bridge plugin makes in the node namespace.
@@ -75,6 +76,11 @@ type Options struct {
 	// registration (the kubelet's --register-with-taints), as a node
 	// pool's startup taints: "key=value:Effect" or "key:Effect".
 	RegisterWithTaints []string
+	// ConflistVersion is the cniVersion of the node's network, as a
+	// primary CNI would write it: "0.3.1" is the version of Flannel's,
+	// Calico's, Cilium's and kindnet's default networks. Default:
+	// CNIVersion.
+	ConflistVersion string
 }
 
 // Cluster is a running single-node cluster. Its exported fields are fixed
@@ -105,6 +111,8 @@ type Cluster struct {
 	AdminKubeconfig string
 	// CAFile is the cluster CA (apiserver serving cert, client certs).
 	CAFile string
+	// ConflistVersion is the cniVersion WriteConflist declares.
+	ConflistVersion string
 	// CNIBinDir and CNIConfDir are the CNI directories containerd uses.
 	// CNIBinDir has bridge, host-local and loopback; InstallCNIPlugin adds
 	// more. CNIConfDir has ConflistName (WriteConflist).
@@ -141,7 +149,10 @@ func Start(t testing.TB, o Options) *Cluster {
 	t.Helper()
 	nstest.RequirePrivileged(t)
 	begin := time.Now()
-	c := &Cluster{t: t, opts: o, procs: map[string]*proc{}, images: map[string]bool{}}
+	c := &Cluster{t: t, opts: o, procs: map[string]*proc{}, images: map[string]bool{}, ConflistVersion: o.ConflistVersion}
+	if c.ConflistVersion == "" {
+		c.ConflistVersion = CNIVersion
+	}
 	var err error
 	if c.repo, err = repoRoot(o.Repo); err != nil {
 		t.Fatal(err)

@@ -18,6 +18,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -291,35 +293,76 @@ func (in *Installer) syncConf() error {
 	if !c.single && len(c.plugins) == 0 {
 		return fmt.Errorf("%s chains no plugin; %s needs one before it that gives the pod its network", path, PluginType)
 	}
-	top, changed := c.withEntry(in.cfg.Entry)
-	if !changed {
-		return nil
+	// See multus.go: with Multus first, the entry goes after Multus and
+	// nowhere else on the pod's path.
+	multus := c.multus()
+	delegatesChanged := false
+	if multus {
+		if delegatesChanged, err = c.withoutDelegateEntries(); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
 	}
-	data, err := render(top)
+	top, changed := c.withEntry(in.cfg.Entry)
+	target := path
+	if changed || delegatesChanged {
+		data, err := render(top)
+		if err != nil {
+			return err
+		}
+		if !c.single && !c.hasAny() {
+			// The primary CNI's own bytes, before anything of ours.
+			in.backup(path, c.raw)
+		}
+		if c.single && filepath.Ext(path) == ".conf" {
+			// Same name with "list" appended: it sorts right after the .conf,
+			// so it is first once the .conf is gone.
+			target = path + "list"
+		}
+		if err := writeAtomic(target, bytes.NewReader(data), c.mode); err != nil {
+			return err
+		}
+		if target != path {
+			if err := durable.Remove(path); err != nil {
+				return err
+			}
+			in.log.Info("single-plugin network converted to a plugin list", "from", path, "to", target)
+		}
+		if delegatesChanged {
+			in.log.Info("plugin removed from Multus' delegates: it runs once, after Multus", "file", target)
+		}
+		in.log.Info("plugin chained into the network", "file", target, "cni_version", v, "multus", multus)
+	}
+	if multus {
+		return in.unchainDelegated(target)
+	}
+	return nil
+}
+
+// unchainDelegated removes the plugin's entry from every network file but
+// the Multus primary: Multus may run any of them as its cluster network,
+// and the plugin would then run twice for one sandbox.
+func (in *Installer) unchainDelegated(primary string) error {
+	others, err := otherNetworks(in.cfg.ConfDir, primary)
 	if err != nil {
 		return err
 	}
-	if !c.single && !c.hasAny() {
-		// The primary CNI's own bytes, before anything of ours.
-		in.backup(path, c.raw)
-	}
-	target := path
-	if c.single && filepath.Ext(path) == ".conf" {
-		// Same name with "list" appended: it sorts right after the .conf,
-		// so it is first once the .conf is gone.
-		target = path + "list"
-	}
-	if err := writeAtomic(target, bytes.NewReader(data), c.mode); err != nil {
-		return err
-	}
-	if target != path {
-		if err := durable.Remove(path); err != nil {
-			return err
+	var errs []error
+	for _, o := range others {
+		top, changed := o.withoutEntry()
+		if !changed {
+			continue
 		}
-		in.log.Info("single-plugin network converted to a plugin list", "from", path, "to", target)
+		data, err := render(top)
+		if err == nil {
+			err = writeAtomic(o.path, bytes.NewReader(data), o.mode)
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		in.log.Info("plugin removed from a network Multus may delegate to: it runs once, after Multus", "file", o.path, "multus", primary)
 	}
-	in.log.Info("plugin chained into the network", "file", target, "cni_version", v)
-	return nil
+	return errors.Join(errs...)
 }
 
 // Uninstall removes the plugin's entry from every network in the
@@ -435,17 +478,22 @@ func Check(cfg Config) error {
 		if err := json.Compact(&buf, cfg.Entry); err != nil {
 			return err
 		}
-		if c.hasEntry(buf.Bytes()) {
-			return nil
+		if !c.hasEntry(buf.Bytes()) {
+			return fmt.Errorf("%s does not chain %s as configured", path, PluginType)
 		}
-		return fmt.Errorf("%s does not chain %s as configured", path, PluginType)
+	} else if !slices.ContainsFunc(c.plugins, func(p json.RawMessage) bool { return pluginType(p) == PluginType }) {
+		return fmt.Errorf("%s does not chain %s", path, PluginType)
 	}
-	for _, p := range c.plugins {
-		if pluginType(p) == PluginType {
-			return nil
+	if c.multus() {
+		twice, err := delegatedEntries(cfg.ConfDir, c)
+		if err != nil {
+			return err
+		}
+		if len(twice) > 0 {
+			return fmt.Errorf("%s is Multus and chains %s, which %s chain(s) too: it would run twice for each pod", path, PluginType, strings.Join(twice, ", "))
 		}
 	}
-	return fmt.Errorf("%s does not chain %s", path, PluginType)
+	return nil
 }
 
 // writeAtomic replaces path so that a reader (a runtime executing the

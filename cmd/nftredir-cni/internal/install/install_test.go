@@ -15,7 +15,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 )
 
-var supported = []string{"0.4.0", "1.0.0", "1.1.0"}
+var supported = []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
 
 const testEntry = `{"type":"nftredir-cni","socket":"/run/nftredir/nftredir.sock","timeout":"10s","excludeNamespaces":["kube-system"]}`
 
@@ -105,7 +105,7 @@ func inode(t *testing.T, path string) uint64 {
 }
 
 func TestInsertMatchesVersion(t *testing.T) {
-	for _, v := range []string{"0.4.0", "1.0.0", "1.1.0"} {
+	for _, v := range []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
 		t.Run(v, func(t *testing.T) {
 			n := newNode(t)
 			p := n.fixture(t, v+".conflist", "10-mynet.conflist")
@@ -175,17 +175,19 @@ func noTemps(t *testing.T, n *node) {
 	}
 }
 
+// 0.2.0 has no plugin lists and no prevResult: every ADD would fail.
 func TestRefusesVersionThePluginDoesNotSpeak(t *testing.T) {
 	n := newNode(t)
-	p := n.fixture(t, "0.3.1.conflist", "10-mynet.conflist")
-	before, _ := os.ReadFile(p)
+	p := filepath.Join(n.conf, "10-mynet.conf")
+	before := []byte(`{"cniVersion":"0.2.0","name":"old","type":"bridge","ipam":{"type":"host-local","subnet":"10.1.0.0/24"}}`)
+	os.WriteFile(p, before, 0o644)
 	in := n.installer(t)
 	err := in.Sync()
-	if err == nil || !strings.Contains(err.Error(), "cniVersion 0.3.1") {
-		t.Fatalf("sync of a 0.3.1 network: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "cniVersion 0.2.0") {
+		t.Fatalf("sync of a 0.2.0 network: %v", err)
 	}
 	if after, _ := os.ReadFile(p); !bytes.Equal(before, after) {
-		t.Error("the 0.3.1 file was changed")
+		t.Error("the 0.2.0 file was changed")
 	}
 	if in.Ready() {
 		t.Error("ready although the plugin is not chained")

@@ -28,9 +28,13 @@ import (
 	"github.com/nftredir/nftredir/cmd/nftredir-cni/internal/rpc"
 )
 
-// Versions are the CNI spec versions the plugin speaks. 0.4.0 is the
-// first with CHECK; pkg/skel offers STATUS and GC to 1.1.0 configs only.
-var Versions = version.PluginSupports("0.4.0", "1.0.0", "1.1.0")
+// Versions are the CNI spec versions the plugin speaks. 0.3.0 is the
+// first with chaining and a prevResult, which ADD needs; the default
+// networks of Flannel, Calico, Cilium and kindnet are 0.3.1. Commands a
+// version lacks never reach the plugin: pkg/skel refuses CHECK below 0.4.0
+// and STATUS and GC below 1.1.0 with code 2 (incompatible version), as the
+// spec asks.
+var Versions = version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 
 // Plugin runs one CNI command. The binary uses os.Stdout and os.Stderr;
 // tests use buffers.
