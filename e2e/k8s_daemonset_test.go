@@ -594,6 +594,25 @@ func TestK8sDaemonSet(t *testing.T) {
 		t.Logf("curl http://%s:15014/metrics | grep ^nftredir_ | grep -v _bucket:\n%s", c.NodeIP, strings.Join(excerpt, "\n"))
 	})
 
+	t.Run("rolling update keeps capture", func(t *testing.T) {
+		old := daemonPod.Name
+		c.Kubectl(t, "-n", dsNamespace, "rollout", "restart", "daemonset/nftredir")
+		c.Kubectl(t, "-n", dsNamespace, "rollout", "status", "daemonset/nftredir", "--timeout=120s")
+		daemonPod = waitDSPodReady(t, c, old)
+		if types, _ := conflistTypes(t, c); !slices.Contains(types, "nftredir-cni") {
+			t.Fatalf("plugin unchained by a rolling update: %v", types)
+		}
+		if !strings.Contains(nodeTables(t, c), "table inet nftredir-node") {
+			t.Fatalf("node probe table removed by a rolling update:\n%s", nodeTables(t, c))
+		}
+		captured(t, web)
+		inSync(t, web)
+		t.Logf("rolled from %s to %s: plugin chained, mesh/web captured and in sync", old, daemonPod.Name)
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+
 	t.Run("deleting the DaemonSet uninstalls", func(t *testing.T) {
 		if !strings.Contains(nodeTables(t, c), "table inet nftredir-node") {
 			t.Fatalf("no inet nftredir-node in the node before uninstall (NFTREDIR_KUBELET_UID=0 should make it):\n%s", nodeTables(t, c))
