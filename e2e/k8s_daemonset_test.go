@@ -663,7 +663,9 @@ func TestK8sDaemonSet(t *testing.T) {
 		if out, err := webNetns.Exec("nft", "list", "tables"); err != nil || strings.Contains(out, "nftredir") {
 			t.Errorf("mesh/web's namespace after uninstall (%v):\n%s", err, out)
 		}
-		line := m.answer(t, web)
+		// uid 0 bypassed capture through the probe table; another uid
+		// shows it is gone.
+		line := c.Netns.DialAsLine(t, dialer, dsClientUID, netip.AddrPortFrom(mustAddr(t, web.Status.PodIP), 8080))
 		wantDirect(t, line, "web")
 		// The redirection annotation is cleared only while the daemon may
 		// still patch pods: delete -k removes its RBAC with the namespace,
