@@ -116,4 +116,31 @@ func TestK8sReadinessTaint(t *testing.T) {
 	} else {
 		t.Logf("node event: %s %s: %s", evs.Items[0].Type, evs.Items[0].Reason, evs.Items[0].Message)
 	}
+
+	// Deleting only the DaemonSet, its RBAC still there: the daemon also
+	// clears the released pod's redirection annotation.
+	t.Run("delete the DaemonSet alone", func(t *testing.T) {
+		if early, err = c.Client.CoreV1().Pods("mesh").Get(t.Context(), "early", metav1.GetOptions{}); err != nil || early.Annotations[kube.RedirectionAnnotation] != "enabled" {
+			t.Fatalf("mesh/early before: %v %v", err, early.Annotations)
+		}
+		c.Kubectl(t, "-n", dsNamespace, "delete", "daemonset", "nftredir", "--wait=true", "--timeout=120s")
+		deadline := time.Now().Add(kcluster.DefaultTimeout)
+		for len(dsAllPods(t, c)) > 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("DaemonSet pods still there %s after delete", kcluster.DefaultTimeout)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		types, _ := conflistTypes(t, c)
+		if slices.Contains(types, "nftredir-cni") {
+			t.Errorf("plugin still chained after the DaemonSet's deletion: %v", types)
+		}
+		p, err := c.Client.CoreV1().Pods("mesh").Get(t.Context(), "early", metav1.GetOptions{})
+		if err != nil || p.Annotations[kube.RedirectionAnnotation] != "" {
+			t.Errorf("mesh/early after: %v, annotation %q; want none", err, p.Annotations[kube.RedirectionAnnotation])
+		}
+		line := c.Netns.DialAsLine(t, nstest.DialChildBinary(t), dsClientUID, to)
+		wantDirect(t, line, "early")
+		t.Logf("DaemonSet deleted alone: plugins %v, mesh/early's annotation cleared, uid %d -> %s: %s", types, dsClientUID, to, line)
+	})
 }

@@ -31,10 +31,12 @@ import (
 // ClusterRole of deploy/kubernetes/rbac.yaml.
 type meshCluster struct {
 	*kcluster.Cluster
-	daemon *nftredird
-	api    *client.Client
-	zds    string
-	cniLog string
+	daemon     *nftredird
+	api        *client.Client
+	dir        string
+	kubeconfig string
+	zds        string
+	cniLog     string
 }
 
 const (
@@ -47,33 +49,24 @@ const (
 
 func startMeshCluster(t *testing.T) *meshCluster {
 	t.Helper()
+	m := newMeshCluster(t)
+	m.startMesh(t)
+	return m
+}
+
+// newMeshCluster is the cluster with the plugin installed but not
+// chained, and nftredird not started: its pods run on the bridge alone,
+// as on a node before nftredir is installed. startMesh installs it.
+func newMeshCluster(t *testing.T) *meshCluster {
+	t.Helper()
 	c := startCluster(t)
 	bin := binaries(t)
 	c.InstallCNIPlugin(t, "nftredir-cni", bin.CNI)
 	c.CreateNamespace(t, "nftredir-system", nil)
 	c.Apply(t, "-f", filepath.Join(bin.Repo, "deploy", "kubernetes", "rbac.yaml"))
-	kubeconfig := c.ServiceAccountKubeconfig(t, "nftredir-system", "nftredir")
 	dir := t.TempDir()
-	m := &meshCluster{Cluster: c, zds: filepath.Join(dir, "zds.sock"), cniLog: filepath.Join(dir, "cni.log")}
-	m.daemon = startDaemon(t, daemonOpts{
-		dir:   dir,
-		netns: c.Netns.Path,
-		args: []string{
-			"--kubernetes", "--kubeconfig", kubeconfig, "--node-name", c.NodeName,
-			"--kubernetes-state-dir", filepath.Join(dir, "seen"),
-			"--zds-socket", m.zds,
-		},
-	})
-	m.api = m.daemon.client(t)
-	c.WriteConflist(t, map[string]any{
-		"type":              "nftredir-cni",
-		"socket":            m.daemon.socket,
-		"timeout":           "10s",
-		"excludeNamespaces": []string{"kube-system"},
-		"logFile":           filepath.Join(dir, "cni.log"),
-		"logLevel":          "debug",
-		"dataDir":           filepath.Join(dir, "cni-data"),
-	})
+	m := &meshCluster{Cluster: c, dir: dir, zds: filepath.Join(dir, "zds.sock"), cniLog: filepath.Join(dir, "cni.log")}
+	m.kubeconfig = c.ServiceAccountKubeconfig(t, "nftredir-system", "nftredir")
 	t.Cleanup(func() {
 		if t.Failed() {
 			if b, err := os.ReadFile(filepath.Join(dir, "cni.log")); err == nil {
@@ -82,6 +75,31 @@ func startMeshCluster(t *testing.T) *meshCluster {
 		}
 	})
 	return m
+}
+
+// startMesh starts nftredird in Kubernetes mode (extra flags appended)
+// and chains the plugin behind the bridge.
+func (m *meshCluster) startMesh(t *testing.T, args ...string) {
+	t.Helper()
+	m.daemon = startDaemon(t, daemonOpts{
+		dir:   m.dir,
+		netns: m.Netns.Path,
+		args: append([]string{
+			"--kubernetes", "--kubeconfig", m.kubeconfig, "--node-name", m.NodeName,
+			"--kubernetes-state-dir", filepath.Join(m.dir, "seen"),
+			"--zds-socket", m.zds,
+		}, args...),
+	})
+	m.api = m.daemon.client(t)
+	m.WriteConflist(t, map[string]any{
+		"type":              "nftredir-cni",
+		"socket":            m.daemon.socket,
+		"timeout":           "10s",
+		"excludeNamespaces": []string{"kube-system"},
+		"logFile":           m.cniLog,
+		"logLevel":          "debug",
+		"dataDir":           filepath.Join(m.dir, "cni-data"),
+	})
 }
 
 // runPod starts a standin app pod on the node and waits until it is Ready.

@@ -28,6 +28,7 @@ import (
 
 	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/netns"
+	"github.com/nftredir/nftredir/netns/pins"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
@@ -63,6 +64,10 @@ type Config struct {
 	// LookupTimeout bounds a direct GET of a pod or namespace the cache
 	// has not seen yet. Zero: 5s.
 	LookupTimeout time.Duration
+	// Pins finds the namespaces of running pods the agent never saw a
+	// sandbox of (see discover.go). Nil: such pods wait for their next
+	// sandbox.
+	Pins *pins.Scanner
 }
 
 // Agent is the Kubernetes side of the daemon. It is the server's Policy,
@@ -84,6 +89,9 @@ type Agent struct {
 	nsList   listerscorev1.NamespaceLister
 	synced   []cache.InformerSynced
 	queue    workqueue.TypedRateLimitingInterface[string]
+
+	pins *pins.Scanner
+	disc discovery
 
 	enr   Enroller // set by Start
 	ready atomic.Bool
@@ -134,6 +142,8 @@ func New(cfg Config) (*Agent, error) {
 		log:    log,
 		sweep:  cmpOr(cfg.Sweep, 30*time.Second),
 		lookup: cmpOr(cfg.LookupTimeout, 5*time.Second),
+		pins:   cfg.Pins,
+		disc:   discovery{unproven: map[string]*unproven{}, outcomes: map[string]uint64{}},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "pods"}),
 	}
@@ -361,6 +371,7 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
 	log := a.log.With("pod", uid)
+	defer a.settleDiscovery(uid, time.Now())
 	rec, err := a.enr.Enrolled(uid)
 	if err != nil {
 		return err
@@ -401,8 +412,12 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 		// A re-enrolment of a captured pod follows changed annotations;
 		// when nothing changed it is a no-op in the kernel.
 		if seen == nil {
-			log.Debug("pod should be captured, but its namespace is unknown; its next sandbox enrols it")
-			return a.annotate(ctx, pod, false)
+			if seen, err = a.discover(ctx, log, pod); seen == nil {
+				if err != nil {
+					return err
+				}
+				return a.annotate(ctx, pod, false)
+			}
 		}
 		if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 			return nil

@@ -68,8 +68,9 @@ func openSightings(dir string) (*sightings, error) {
 		}
 		var v sighting
 		if err := json.Unmarshal(b, &v); err != nil || v.PodUID+sightingSuffix != name {
-			// Only a hint for a later enrolment: losing it costs the pod
-			// its enrolment until its next sandbox, never a wrong capture.
+			// Only a hint for a later enrolment: losing it costs a scan
+			// of the runtime's pins (or the pod's next sandbox), never a
+			// wrong capture.
 			_ = os.Remove(filepath.Join(dir, name))
 			continue
 		}

@@ -223,6 +223,12 @@ func (g *Guard) Warnings() []string { return append([]string(nil), g.warnings...
 // not opened again until that one finishes, so retries of a hung path do
 // not pile up threads.
 func (g *Guard) Open(path string) (*Handle, error) {
+	return g.openBounded(path, 0)
+}
+
+// openBounded is Open, with extra flags (O_NOFOLLOW) for the path's
+// first open.
+func (g *Guard) openBounded(path string, flags int) (*Handle, error) {
 	if !filepath.IsAbs(path) {
 		return nil, fmt.Errorf("%q: %w", path, ErrNotAbsolute)
 	}
@@ -269,7 +275,7 @@ func (g *Guard) Open(path string) (*Handle, error) {
 	go func() {
 		defer func() { <-g.slots }()
 		defer finish()
-		h, err := g.open(path)
+		h, err := g.open(path, flags)
 		select {
 		case res <- result{h, err}:
 		case <-abandoned:
@@ -292,12 +298,12 @@ func (g *Guard) Open(path string) (*Handle, error) {
 }
 
 // open does Open's work on the calling goroutine.
-func (g *Guard) open(path string) (*Handle, error) {
+func (g *Guard) open(path string, flags int) (*Handle, error) {
 	// O_PATH first: opening a device for reading can have side effects
 	// (a watchdog starts counting, a tape rewinds), and the caller chose
 	// the path. Only a file on nsfs is then opened for real, through the
 	// O_PATH fd, so it is the same file.
-	pathFd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
+	pathFd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC|flags, 0)
 	if err != nil {
 		return nil, openError(path, err)
 	}

@@ -89,6 +89,7 @@ type options struct {
 	kubeconfig   string
 	nodeName     string
 	kubeStateDir string
+	netnsDirs    stringList
 	modeLabel    string
 	modeEnabled  string
 	modeDisabled string
@@ -211,6 +212,7 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig `path` for Kubernetes mode; empty uses the in-cluster service account")
 	fs.StringVar(&o.nodeName, "node-name", nodeNameDefault, "this node's `name` in Kubernetes mode (default: $NODE_NAME)")
 	fs.StringVar(&o.kubeStateDir, "kubernetes-state-dir", "/run/nftredir/seen", "`dir`ectory where Kubernetes mode remembers the namespaces of pods it did not capture, so it can enrol them when they are labelled")
+	fs.Var(&o.netnsDirs, "netns-dirs", "`dir`ectories where the container runtime pins pod network namespaces, where Kubernetes mode finds running pods it never saw a sandbox of (proven by the pod's IPs); missing ones are skipped; empty turns that off (comma list; default "+strings.Join(defaults.NetnsDirs(), ",")+")")
 	fs.StringVar(&o.modeLabel, "dataplane-mode-label", kube.DefaultModeLabel, "label `key` on a namespace or pod that selects capture in Kubernetes mode")
 	fs.StringVar(&o.modeEnabled, "dataplane-mode-enabled", kube.DefaultModeEnabled, "label `value` that opts a namespace or pod in")
 	fs.StringVar(&o.modeDisabled, "dataplane-mode-disabled", kube.DefaultModeDisabled, "label `value` that opts a pod out even in an opted-in namespace")
@@ -264,6 +266,9 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	// 0: on a node without a kubelet that would let any root process past
 	// capture, and the table outlives the daemon. So it exists only when
 	// asked for, by a kubelet uid or --probe-snat itself.
+	if !given["netns-dirs"] {
+		o.netnsDirs = defaults.NetnsDirs()
+	}
 	if !given["probe-snat"] {
 		o.probeSNAT = given["kubelet-uid"]
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/nftredir/nftredir/kube"
 	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/netns"
+	"github.com/nftredir/nftredir/netns/pins"
 	"github.com/nftredir/nftredir/nft"
 	"github.com/nftredir/nftredir/probe"
 	"github.com/nftredir/nftredir/server"
@@ -229,8 +230,13 @@ func serve(opts *options, root hclog.Logger) (uninstalled bool, err error) {
 	}
 	var kc *kubeConn
 	if opts.kubernetes {
+<<<<<<< HEAD
 		if kc, err = newKube(opts, root); err != nil {
 			return false, err
+=======
+		if agent, err = newAgent(opts, guard, root); err != nil {
+			return err
+>>>>>>> main
 		}
 		pcfg.Policy = kc.agent
 	}
@@ -260,6 +266,7 @@ func serve(opts *options, root hclog.Logger) (uninstalled bool, err error) {
 	if err != nil {
 		return false, err
 	}
+<<<<<<< HEAD
 	if kc != nil && opts.podName != "" {
 		// Past the signal: the DaemonSet's deletion may arrive after it.
 		wctx, stopWatch := context.WithCancel(context.Background())
@@ -276,6 +283,9 @@ func serve(opts *options, root hclog.Logger) (uninstalled bool, err error) {
 		go untaint.Run(ctx)
 	}
 	setSources(met, pods, zs, pcfg.Probe, untaint)
+=======
+	setSources(met, pods, zs, pcfg.Probe, agent)
+>>>>>>> main
 	lis, err := listenSocket(opts.socket, opts.socketGroup)
 	if err != nil {
 		return false, err
@@ -347,6 +357,7 @@ func kernelSelfTest(ctx context.Context, opts *options, root hclog.Logger) error
 	return nil
 }
 
+<<<<<<< HEAD
 // kubeConn is Kubernetes mode's connection to the API server.
 type kubeConn struct {
 	client kubernetes.Interface
@@ -358,12 +369,19 @@ type kubeConn struct {
 
 // newKube connects Kubernetes mode to the API server.
 func newKube(opts *options, root hclog.Logger) (*kubeConn, error) {
+=======
+// newAgent connects Kubernetes mode to the API server.
+// Running pods it never saw a sandbox of are found among the runtime's
+// pins through guard, the one that vets every path the daemon programs.
+func newAgent(opts *options, guard *netns.Guard, root hclog.Logger) (*kube.Agent, error) {
+>>>>>>> main
 	log := root.Named("kube")
 	kube.RouteKlog(log.Named("client-go"))
 	cfg, err := kube.RESTConfig(opts.kubeconfig, "nftredird/"+opts.nodeName)
 	if err != nil {
 		return nil, err
 	}
+<<<<<<< HEAD
 	kc := &kubeConn{}
 	if kc.client, err = kubernetes.NewForConfig(cfg); err != nil {
 		return nil, err
@@ -373,10 +391,21 @@ func newKube(opts *options, root hclog.Logger) (*kubeConn, error) {
 	}
 	kc.agent, err = kube.New(kube.Config{
 		Client:   kc.client,
+=======
+	var scanner *pins.Scanner
+	if len(opts.netnsDirs) > 0 {
+		if scanner, err = pins.New(pins.Config{Guard: guard, Dirs: opts.netnsDirs, Logger: log.Named("pins")}); err != nil {
+			return nil, err
+		}
+	}
+	return kube.New(kube.Config{
+		Client:   client,
+>>>>>>> main
 		NodeName: opts.nodeName,
 		Selector: opts.selector(),
 		Dir:      opts.kubeStateDir,
 		Logger:   log,
+		Pins:     scanner,
 	})
 	return kc, err
 }

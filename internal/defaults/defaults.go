@@ -117,3 +117,9 @@ const (
 	// InboundCapture is on; off is the "outbound only" mode.
 	InboundCapture = true
 )
+
+// NetnsDirs are where container runtimes pin pod sandboxes' network
+// namespaces: containerd and CRI-O at /var/run/netns/cni-<id>, Docker
+// (cri-dockerd, minikube's docker driver) at /var/run/docker/netns.
+// Kubernetes mode finds running pods' namespaces among these pins.
+func NetnsDirs() []string { return []string{"/var/run/netns", "/var/run/docker/netns"} }

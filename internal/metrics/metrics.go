@@ -38,9 +38,27 @@ type Sources struct {
 	ZDS func() zds.Stats
 	// ProbeAddresses counts the addresses in the node probe table's sets.
 	ProbeAddresses func() int
+<<<<<<< HEAD
 	// TaintRemovals counts the readiness taints the daemon removed from
 	// its node (0 or 1 in a daemon's life).
 	TaintRemovals func() int
+=======
+	// Discovery returns the Kubernetes agent's counters of running pods
+	// whose namespace it looked for among the runtime's pins.
+	Discovery func() Discovery
+}
+
+// Discovery are the counters of Kubernetes mode's search for running
+// pods' namespaces.
+type Discovery struct {
+	// Outcomes counts pods looked for, by outcome.
+	Outcomes map[string]uint64
+	// Unproven counts selected pods whose namespace is not proven yet.
+	Unproven int
+	// Scans and ScanSeconds count pin scans and their total time.
+	Scans       uint64
+	ScanSeconds float64
+>>>>>>> main
 }
 
 // Metrics holds the daemon's registry and its instruments.
@@ -238,12 +256,27 @@ var (
 		"ZDS connections dropped for a malformed or unexpected message.", nil, nil)
 	probeDesc = prometheus.NewDesc(namespace+"_probe_table_addresses",
 		"Pod addresses in the node probe table's sets.", nil, nil)
+<<<<<<< HEAD
 	taintDesc = prometheus.NewDesc(namespace+"_readiness_taint_removals_total",
 		"Readiness taints (--readiness-taint) this daemon removed from its node once ready.", nil, nil)
 )
 
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{podsDesc, zdsConnectedDesc, zdsAcksDesc, zdsNacksDesc, zdsAckTimeoutsDesc, zdsProtocolErrorsDesc, probeDesc, taintDesc} {
+=======
+	discoveriesDesc = prometheus.NewDesc(namespace+"_kube_netns_discoveries_total",
+		"Running pods whose network namespace Kubernetes mode looked for among the runtime's pins, by outcome: proven (one namespace carries the pod's IP), not_found, ambiguous (several do; refused), no_pod_ip, scan_failed.", []string{"outcome"}, nil)
+	unprovenDesc = prometheus.NewDesc(namespace+"_kube_pods_netns_unproven",
+		"Pods the enrolment policy selects that are not enrolled because their network namespace could not be proven; retried.", nil, nil)
+	pinScansDesc = prometheus.NewDesc(namespace+"_kube_pin_scans_total",
+		"Scans of the runtime's network namespace pins.", nil, nil)
+	pinScanSecondsDesc = prometheus.NewDesc(namespace+"_kube_pin_scan_seconds_total",
+		"Time spent scanning the runtime's network namespace pins.", nil, nil)
+)
+
+func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{podsDesc, zdsConnectedDesc, zdsAcksDesc, zdsNacksDesc, zdsAckTimeoutsDesc, zdsProtocolErrorsDesc, probeDesc, discoveriesDesc, unprovenDesc, pinScansDesc, pinScanSecondsDesc} {
+>>>>>>> main
 		ch <- d
 	}
 }
@@ -268,8 +301,19 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 	if src.ProbeAddresses != nil {
 		ch <- prometheus.MustNewConstMetric(probeDesc, prometheus.GaugeValue, float64(src.ProbeAddresses()))
 	}
+<<<<<<< HEAD
 	if src.TaintRemovals != nil {
 		ch <- prometheus.MustNewConstMetric(taintDesc, prometheus.CounterValue, float64(src.TaintRemovals()))
+=======
+	if src.Discovery != nil {
+		d := src.Discovery()
+		for outcome, n := range d.Outcomes {
+			ch <- prometheus.MustNewConstMetric(discoveriesDesc, prometheus.CounterValue, float64(n), outcome)
+		}
+		ch <- prometheus.MustNewConstMetric(unprovenDesc, prometheus.GaugeValue, float64(d.Unproven))
+		ch <- prometheus.MustNewConstMetric(pinScansDesc, prometheus.CounterValue, float64(d.Scans))
+		ch <- prometheus.MustNewConstMetric(pinScanSecondsDesc, prometheus.CounterValue, d.ScanSeconds)
+>>>>>>> main
 	}
 }
 

@@ -82,3 +82,29 @@ func TestSplitMethod(t *testing.T) {
 		}
 	}
 }
+
+func TestDiscoverySource(t *testing.T) {
+	m := New(nil)
+	m.SetSources(Sources{Discovery: func() Discovery {
+		return Discovery{Outcomes: map[string]uint64{"proven": 3, "ambiguous": 1}, Unproven: 1, Scans: 2, ScanSeconds: 0.07}
+	}})
+	const want = `
+# HELP nftredir_kube_netns_discoveries_total Running pods whose network namespace Kubernetes mode looked for among the runtime's pins, by outcome: proven (one namespace carries the pod's IP), not_found, ambiguous (several do; refused), no_pod_ip, scan_failed.
+# TYPE nftredir_kube_netns_discoveries_total counter
+nftredir_kube_netns_discoveries_total{outcome="ambiguous"} 1
+nftredir_kube_netns_discoveries_total{outcome="proven"} 3
+# HELP nftredir_kube_pods_netns_unproven Pods the enrolment policy selects that are not enrolled because their network namespace could not be proven; retried.
+# TYPE nftredir_kube_pods_netns_unproven gauge
+nftredir_kube_pods_netns_unproven 1
+# HELP nftredir_kube_pin_scans_total Scans of the runtime's network namespace pins.
+# TYPE nftredir_kube_pin_scans_total counter
+nftredir_kube_pin_scans_total 2
+# HELP nftredir_kube_pin_scan_seconds_total Time spent scanning the runtime's network namespace pins.
+# TYPE nftredir_kube_pin_scan_seconds_total counter
+nftredir_kube_pin_scan_seconds_total 0.07
+`
+	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want),
+		"nftredir_kube_netns_discoveries_total", "nftredir_kube_pods_netns_unproven", "nftredir_kube_pin_scans_total", "nftredir_kube_pin_scan_seconds_total"); err != nil {
+		t.Error(err)
+	}
+}
