@@ -230,13 +230,8 @@ func serve(opts *options, root hclog.Logger) (uninstalled bool, err error) {
 	}
 	var kc *kubeConn
 	if opts.kubernetes {
-<<<<<<< HEAD
-		if kc, err = newKube(opts, root); err != nil {
+		if kc, err = newKube(opts, guard, root); err != nil {
 			return false, err
-=======
-		if agent, err = newAgent(opts, guard, root); err != nil {
-			return err
->>>>>>> main
 		}
 		pcfg.Policy = kc.agent
 	}
@@ -266,7 +261,6 @@ func serve(opts *options, root hclog.Logger) (uninstalled bool, err error) {
 	if err != nil {
 		return false, err
 	}
-<<<<<<< HEAD
 	if kc != nil && opts.podName != "" {
 		// Past the signal: the DaemonSet's deletion may arrive after it.
 		wctx, stopWatch := context.WithCancel(context.Background())
@@ -282,10 +276,7 @@ func serve(opts *options, root hclog.Logger) (uninstalled bool, err error) {
 		}
 		go untaint.Run(ctx)
 	}
-	setSources(met, pods, zs, pcfg.Probe, untaint)
-=======
-	setSources(met, pods, zs, pcfg.Probe, agent)
->>>>>>> main
+	setSources(met, pods, zs, pcfg.Probe, kc.agentOrNil(), untaint)
 	lis, err := listenSocket(opts.socket, opts.socketGroup)
 	if err != nil {
 		return false, err
@@ -357,7 +348,6 @@ func kernelSelfTest(ctx context.Context, opts *options, root hclog.Logger) error
 	return nil
 }
 
-<<<<<<< HEAD
 // kubeConn is Kubernetes mode's connection to the API server.
 type kubeConn struct {
 	client kubernetes.Interface
@@ -367,21 +357,16 @@ type kubeConn struct {
 	watch *podowner.Watcher
 }
 
-// newKube connects Kubernetes mode to the API server.
-func newKube(opts *options, root hclog.Logger) (*kubeConn, error) {
-=======
-// newAgent connects Kubernetes mode to the API server.
-// Running pods it never saw a sandbox of are found among the runtime's
-// pins through guard, the one that vets every path the daemon programs.
-func newAgent(opts *options, guard *netns.Guard, root hclog.Logger) (*kube.Agent, error) {
->>>>>>> main
+// newKube connects Kubernetes mode to the API server. Running pods the
+// agent never saw a sandbox of are found among the runtime's pins through
+// guard, the one that vets every path the daemon programs.
+func newKube(opts *options, guard *netns.Guard, root hclog.Logger) (*kubeConn, error) {
 	log := root.Named("kube")
 	kube.RouteKlog(log.Named("client-go"))
 	cfg, err := kube.RESTConfig(opts.kubeconfig, "nftredird/"+opts.nodeName)
 	if err != nil {
 		return nil, err
 	}
-<<<<<<< HEAD
 	kc := &kubeConn{}
 	if kc.client, err = kubernetes.NewForConfig(cfg); err != nil {
 		return nil, err
@@ -389,18 +374,14 @@ func newAgent(opts *options, guard *netns.Guard, root hclog.Logger) (*kube.Agent
 	if kc.owner, err = kube.NewOwnerClient(cfg); err != nil {
 		return nil, err
 	}
-	kc.agent, err = kube.New(kube.Config{
-		Client:   kc.client,
-=======
 	var scanner *pins.Scanner
 	if len(opts.netnsDirs) > 0 {
 		if scanner, err = pins.New(pins.Config{Guard: guard, Dirs: opts.netnsDirs, Logger: log.Named("pins")}); err != nil {
 			return nil, err
 		}
 	}
-	return kube.New(kube.Config{
-		Client:   client,
->>>>>>> main
+	kc.agent, err = kube.New(kube.Config{
+		Client:   kc.client,
 		NodeName: opts.nodeName,
 		Selector: opts.selector(),
 		Dir:      opts.kubeStateDir,
@@ -408,6 +389,14 @@ func newAgent(opts *options, guard *netns.Guard, root hclog.Logger) (*kube.Agent
 		Pins:     scanner,
 	})
 	return kc, err
+}
+
+// agentOrNil is the agent, or nil outside Kubernetes mode.
+func (kc *kubeConn) agentOrNil() *kube.Agent {
+	if kc == nil {
+		return nil
+	}
+	return kc.agent
 }
 
 func (kc *kubeConn) untainter(opts *options, ready []health.Check, root hclog.Logger) (*kube.Untainter, error) {

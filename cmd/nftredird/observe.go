@@ -41,13 +41,9 @@ func observe(opts *options, cfg *server.Config, pcfg *lifecycle.Config, applier 
 }
 
 // setSources points the scrape-time metrics at the lifecycle engine, the ZDS server,
-<<<<<<< HEAD
-// the node probe table and the readiness taint's remover (zs, pt and u may be nil).
-func setSources(m *metrics.Metrics, pods *lifecycle.Manager, zs *zdsServing, pt lifecycle.ProbeTable, u *kube.Untainter) {
-=======
-// the node probe table and the Kubernetes agent (zs, pt and agent may be nil).
-func setSources(m *metrics.Metrics, pods *lifecycle.Manager, zs *zdsServing, pt lifecycle.ProbeTable, agent *kube.Agent) {
->>>>>>> main
+// the node probe table, the Kubernetes agent and the readiness taint's remover
+// (zs, pt, agent and u may be nil).
+func setSources(m *metrics.Metrics, pods *lifecycle.Manager, zs *zdsServing, pt lifecycle.ProbeTable, agent *kube.Agent, u *kube.Untainter) {
 	if m == nil {
 		return
 	}
@@ -58,16 +54,14 @@ func setSources(m *metrics.Metrics, pods *lifecycle.Manager, zs *zdsServing, pt 
 	if pm, ok := pt.(*probe.Manager); ok {
 		src.ProbeAddresses = pm.Addresses
 	}
-<<<<<<< HEAD
 	if u != nil {
 		src.TaintRemovals = u.Removed
-=======
+	}
 	if agent != nil {
 		src.Discovery = func() metrics.Discovery {
 			d := agent.DiscoveryStats()
 			return metrics.Discovery{Outcomes: d.Outcomes, Unproven: d.Unproven, Scans: d.Scans, ScanSeconds: d.ScanSeconds}
 		}
->>>>>>> main
 	}
 	m.SetSources(src)
 }

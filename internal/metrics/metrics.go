@@ -38,11 +38,9 @@ type Sources struct {
 	ZDS func() zds.Stats
 	// ProbeAddresses counts the addresses in the node probe table's sets.
 	ProbeAddresses func() int
-<<<<<<< HEAD
 	// TaintRemovals counts the readiness taints the daemon removed from
 	// its node (0 or 1 in a daemon's life).
 	TaintRemovals func() int
-=======
 	// Discovery returns the Kubernetes agent's counters of running pods
 	// whose namespace it looked for among the runtime's pins.
 	Discovery func() Discovery
@@ -58,7 +56,6 @@ type Discovery struct {
 	// Scans and ScanSeconds count pin scans and their total time.
 	Scans       uint64
 	ScanSeconds float64
->>>>>>> main
 }
 
 // Metrics holds the daemon's registry and its instruments.
@@ -256,14 +253,8 @@ var (
 		"ZDS connections dropped for a malformed or unexpected message.", nil, nil)
 	probeDesc = prometheus.NewDesc(namespace+"_probe_table_addresses",
 		"Pod addresses in the node probe table's sets.", nil, nil)
-<<<<<<< HEAD
 	taintDesc = prometheus.NewDesc(namespace+"_readiness_taint_removals_total",
 		"Readiness taints (--readiness-taint) this daemon removed from its node once ready.", nil, nil)
-)
-
-func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{podsDesc, zdsConnectedDesc, zdsAcksDesc, zdsNacksDesc, zdsAckTimeoutsDesc, zdsProtocolErrorsDesc, probeDesc, taintDesc} {
-=======
 	discoveriesDesc = prometheus.NewDesc(namespace+"_kube_netns_discoveries_total",
 		"Running pods whose network namespace Kubernetes mode looked for among the runtime's pins, by outcome: proven (one namespace carries the pod's IP), not_found, ambiguous (several do; refused), no_pod_ip, scan_failed.", []string{"outcome"}, nil)
 	unprovenDesc = prometheus.NewDesc(namespace+"_kube_pods_netns_unproven",
@@ -275,8 +266,7 @@ func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
 )
 
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{podsDesc, zdsConnectedDesc, zdsAcksDesc, zdsNacksDesc, zdsAckTimeoutsDesc, zdsProtocolErrorsDesc, probeDesc, discoveriesDesc, unprovenDesc, pinScansDesc, pinScanSecondsDesc} {
->>>>>>> main
+	for _, d := range []*prometheus.Desc{podsDesc, zdsConnectedDesc, zdsAcksDesc, zdsNacksDesc, zdsAckTimeoutsDesc, zdsProtocolErrorsDesc, probeDesc, taintDesc, discoveriesDesc, unprovenDesc, pinScansDesc, pinScanSecondsDesc} {
 		ch <- d
 	}
 }
@@ -301,10 +291,9 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 	if src.ProbeAddresses != nil {
 		ch <- prometheus.MustNewConstMetric(probeDesc, prometheus.GaugeValue, float64(src.ProbeAddresses()))
 	}
-<<<<<<< HEAD
 	if src.TaintRemovals != nil {
 		ch <- prometheus.MustNewConstMetric(taintDesc, prometheus.CounterValue, float64(src.TaintRemovals()))
-=======
+	}
 	if src.Discovery != nil {
 		d := src.Discovery()
 		for outcome, n := range d.Outcomes {
@@ -313,7 +302,6 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(unprovenDesc, prometheus.GaugeValue, float64(d.Unproven))
 		ch <- prometheus.MustNewConstMetric(pinScansDesc, prometheus.CounterValue, float64(d.Scans))
 		ch <- prometheus.MustNewConstMetric(pinScanSecondsDesc, prometheus.CounterValue, d.ScanSeconds)
->>>>>>> main
 	}
 }
 
