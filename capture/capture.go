@@ -8,6 +8,8 @@ package capture
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
@@ -36,12 +38,17 @@ type Live struct {
 	Text string
 	// Routing says which of our rules and routes exist.
 	Routing netns.RoutingState
+	// Foreign names another agent's capture found beside ours ("" when
+	// there is none; see nft.Foreign): a namespace with any is not in
+	// sync, so reconcile applies the pod again, which takes it over or
+	// reports the refusal.
+	Foreign string
 }
 
 // InSync reports whether the namespace holds exactly the capture asked
 // about.
 func (l Live) InSync() bool {
-	return l.Table == nft.StatusInSync && l.Routing.Complete()
+	return l.Table == nft.StatusInSync && l.Routing.Complete() && l.Foreign == ""
 }
 
 // Engine opens pod namespaces and programs them.
@@ -51,7 +58,10 @@ type Engine interface {
 	Open(path string) (Namespace, error)
 	// Apply installs the policy routing, then replaces our table with rs
 	// in one transaction. On error the table is as it was; routing may
-	// have been added (Remove takes it out).
+	// have been added (Remove takes it out). A namespace holding another
+	// agent's capture is refused with ErrForeignCapture and left
+	// untouched, unless the engine takes over, which removes that capture
+	// in the same transaction; legacy iptables rules are always refused.
 	Apply(ctx context.Context, ns Namespace, rs *nft.Ruleset, r netns.Routing) error
 	// Reroute replaces the routing old with r, for a pod whose daemon
 	// flags changed since it was enrolled; the table is left alone. r is
@@ -72,4 +82,26 @@ type Engine interface {
 	// Candidates lists paths where pod namespaces may be found, for the
 	// last-resort search of a record too damaged to name its own.
 	Candidates() []string
+}
+
+// ErrForeignCapture: the namespace holds another agent's traffic capture
+// (istio-cni's, linkerd's, or legacy iptables rules), which was not taken
+// over. Stacking ours on top would capture connections twice, or hand
+// them to rules pointing at a proxy that is gone; the pod is refused
+// instead and nothing is changed.
+var ErrForeignCapture = errors.New("the network namespace holds another agent's traffic capture")
+
+// CheckForeign is the one rule every engine applies to the foreign
+// capture it found: nil when Apply may go on (nothing found, or taking
+// over what can be removed).
+func CheckForeign(path string, f *nft.Foreign, takeOver bool) error {
+	switch {
+	case f.Empty():
+		return nil
+	case !f.Removable():
+		return fmt.Errorf("netns_path %s: %w: %s; legacy (xtables) iptables rules can be neither read nor removed over netlink, so nothing was changed: remove them (iptables-legacy -t TABLE -F; -X) or move their owner to iptables-nft", path, ErrForeignCapture, f)
+	case !takeOver:
+		return fmt.Errorf("netns_path %s: %w: %s; nothing was changed: remove it, or let nftredird replace it (--take-over-foreign-capture)", path, ErrForeignCapture, f)
+	}
+	return nil
 }

@@ -21,14 +21,30 @@ type Kernel struct {
 	// netnsDirs hold bind-mounted namespaces; Candidates lists them and
 	// every process's namespace.
 	netnsDirs []string
+	// takeOver: Apply replaces another agent's capture instead of
+	// refusing the namespace (see ErrForeignCapture).
+	takeOver bool
 }
+
+// KernelOption configures NewKernel.
+type KernelOption func(*Kernel)
+
+// TakeOverForeign makes Apply replace another agent's capture found in a
+// namespace (istio-cni's, linkerd's; see nft.Foreign) with ours in one
+// transaction, instead of refusing it. Legacy iptables rules are refused
+// either way.
+func TakeOverForeign(on bool) KernelOption { return func(k *Kernel) { k.takeOver = on } }
 
 var _ Engine = (*Kernel)(nil)
 
 // NewKernel returns the kernel engine. guard and applier are required.
-func NewKernel(guard *netns.Guard, applier nft.Applier) *Kernel {
+func NewKernel(guard *netns.Guard, applier nft.Applier, opts ...KernelOption) *Kernel {
 	// iproute2's directory and most CNI runtimes'.
-	return &Kernel{guard: guard, applier: applier, netnsDirs: []string{"/run/netns", "/var/run/netns"}}
+	k := &Kernel{guard: guard, applier: applier, netnsDirs: []string{"/run/netns", "/var/run/netns"}}
+	for _, o := range opts {
+		o(k)
+	}
+	return k
 }
 
 // Open opens path through the guard.
@@ -50,15 +66,28 @@ func handle(ns Namespace) (*netns.Handle, error) {
 	return h, nil
 }
 
-// Apply installs the routing first, so the table's marks never point at
-// a routing table that is not there yet.
+// Apply looks for another agent's capture first: a namespace it refuses
+// is left exactly as it was. Then it installs the routing, so the table's
+// marks never point at a routing table that is not there yet, and
+// replaces our table (with the foreign capture, when taking over, in the
+// same transaction).
 func (k *Kernel) Apply(ctx context.Context, ns Namespace, rs *nft.Ruleset, r netns.Routing) error {
 	h, err := handle(ns)
 	if err != nil {
 		return err
 	}
+	f, err := k.applier.FindForeign(ctx, h)
+	if err != nil {
+		return err
+	}
+	if err := CheckForeign(h.Path(), f, k.takeOver); err != nil {
+		return err
+	}
 	if err := netns.EnsureRouting(h, r); err != nil {
 		return fmt.Errorf("install policy routing: %w", err)
+	}
+	if !f.Empty() {
+		return k.applier.TakeOver(ctx, h, rs, f)
 	}
 	return k.applier.Apply(ctx, h, rs)
 }
@@ -106,7 +135,7 @@ func (k *Kernel) RemoveRouting(_ context.Context, ns Namespace, r netns.Routing)
 	return nil
 }
 
-// Inspect reads the table and the routing.
+// Inspect reads the table, the routing and any foreign capture.
 func (k *Kernel) Inspect(ctx context.Context, ns Namespace, rs *nft.Ruleset, r netns.Routing) (Live, error) {
 	h, err := handle(ns)
 	if err != nil {
@@ -120,7 +149,15 @@ func (k *Kernel) Inspect(ctx context.Context, ns Namespace, rs *nft.Ruleset, r n
 	if err != nil {
 		return Live{}, fmt.Errorf("inspect policy routing: %w", err)
 	}
-	return Live{Table: st, Text: text, Routing: rt}, nil
+	l := Live{Table: st, Text: text, Routing: rt}
+	f, err := k.applier.FindForeign(ctx, h)
+	if err != nil {
+		return Live{}, err
+	}
+	if !f.Empty() {
+		l.Foreign = f.String()
+	}
+	return l, nil
 }
 
 // Owner asks the applier whose table ns holds.

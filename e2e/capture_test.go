@@ -703,7 +703,7 @@ func TestTamperRestored(t *testing.T) {
 			p.Pod.Nft(t, "add", "chain", "inet", nftTable, "extra", "{ type filter hook input priority 0; policy accept; }")
 		}, nft.StatusDrifted},
 		{"policy changed", func(t *testing.T, p *pod) {
-			p.Pod.Nft(t, "add", "chain", "inet", nftTable, "mangle-output", "{ type route hook output priority mangle; policy drop; }")
+			p.Pod.Nft(t, "add", "chain", "inet", nftTable, "mangle-output", "{ type route hook output priority mangle + 10; policy drop; }")
 		}, nft.StatusDrifted},
 		{"table made dormant", func(t *testing.T, p *pod) {
 			// Every chain and rule stays in place, but none of them runs.

@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nftredir/nftredir/capture"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/state"
 )
@@ -54,6 +55,10 @@ func Classify(err error) *Error {
 		// the caller's own deadline having been too short.
 		return classified(KindUnavailable, "netns_path: %v; nothing was changed, retry once the mount answers", err)
 	case errors.Is(err, ErrNetnsInUse):
+		return classified(KindPrecondition, "%v", err)
+	case errors.Is(err, capture.ErrForeignCapture):
+		// Not the caller's request: the namespace must change first
+		// (or the daemon's --take-over-foreign-capture).
 		return classified(KindPrecondition, "%v", err)
 	case errors.As(err, new(*state.NewerError)):
 		// Not the caller's request nor its namespace: this daemon is

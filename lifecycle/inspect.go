@@ -76,6 +76,9 @@ func (m *Manager) inspectHandle(ctx context.Context, h capture.Namespace, rec *s
 	if missing := missingRouting(rt); missing != "" {
 		details = append(details, "policy routing is incomplete, missing "+missing)
 	}
+	if live.Foreign != "" {
+		details = append(details, "another agent's capture is in the namespace: "+live.Foreign)
+	}
 	if len(details) > 0 {
 		l.detail = strings.Join(details, "; ") + "; reconcile or a repeated AddPod restores it"
 	}

@@ -417,7 +417,7 @@ func (m *Manager) getPod(ctx context.Context, uid string) (*nftredirv1.GetPodRes
 		resp.SyncStatus = nftredirv1.SyncStatus_SYNC_STATUS_NETNS_GONE
 	case live.Table == nft.StatusAbsent:
 		resp.SyncStatus = nftredirv1.SyncStatus_SYNC_STATUS_ABSENT
-	case live.Table == nft.StatusDrifted || !live.Routing.Complete():
+	case live.Table == nft.StatusDrifted || !live.Routing.Complete() || live.Foreign != "":
 		resp.SyncStatus = nftredirv1.SyncStatus_SYNC_STATUS_DRIFTED
 	default:
 		resp.SyncStatus = nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC

@@ -30,6 +30,10 @@ type conns struct {
 	reader *nftlive.Conn
 	// err says why the last visit could not make one of them.
 	err error
+	// legacy are the legacy iptables tables with rules the last visit
+	// found (see LegacyTables), legacyErr why it could not look.
+	legacy    []XTable
+	legacyErr error
 }
 
 // visit enters the namespace once, on a sacrificial thread, and makes
@@ -68,6 +72,7 @@ func (h *Handle) makeHere(cookie *uint64) error {
 		}
 		*cookie = c
 	}
+	h.c.legacy, h.c.legacyErr = legacyHere()
 	var errs []error
 	if h.c.route == nil {
 		// Only NETLINK_ROUTE: NewHandle otherwise opens XFRM and

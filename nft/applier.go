@@ -46,4 +46,10 @@ type Applier interface {
 	// Owner returns the pod id our table in ns carries ("" when it cannot
 	// be attributed to exactly one pod) and whether the table exists.
 	Owner(ctx context.Context, ns *netns.Handle) (pod string, exists bool, err error)
+	// FindForeign lists other agents' capture in ns (see Foreign); it
+	// changes nothing.
+	FindForeign(ctx context.Context, ns *netns.Handle) (*Foreign, error)
+	// TakeOver removes the foreign capture f and replaces our table with
+	// rs in one kernel transaction: on error nothing changed.
+	TakeOver(ctx context.Context, ns *netns.Handle, rs *Ruleset, f *Foreign) error
 }

@@ -21,24 +21,56 @@ type baseChain struct {
 	priority int32
 }
 
+// Priorities. iptables (legacy and iptables-nft alike) hooks its raw
+// tables at -300, mangle at -150 and nat at -100 (dstnat; -100 on output
+// too), and istio-cni's own nftables tables use the same numbers. Chains of
+// equal priority on one hook run in the order they were created, which
+// nobody controls, so each of ours sits 10 away, on the side where its
+// decision is the one that holds:
+//
+//   - raw -310, before iptables' raw: conntrack takes the zone of the
+//     first template attached to a packet (nft's `ct zone set` and
+//     iptables' CT both leave a packet that has one alone), so the first
+//     chain wins. Still after defrag (-400).
+//   - mangle -140, after iptables' mangle: a mark or a tproxy socket
+//     assignment is overwritten by whoever comes later, so the last chain
+//     wins. Still after conntrack (-200), so ct state and ct mark are
+//     known, and before NAT.
+//   - nat -110, before iptables' nat: for a new connection the first nat
+//     chain that sets up a translation wins, and later ones are not
+//     consulted (nf_nat_inet_fn), so our redirect is the one that holds.
+//     What we let through (the proxy's own traffic, probes, excluded
+//     ports) still meets the other nat chains.
+//
+// Ours wins because a pod we enrol is ours to capture: a rule of someone
+// else's that redirects, re-marks or re-zones the same packets can only
+// hand them to a proxy that is not the one the pod was enrolled with.
+// Other agents' capture is removed, or the pod refused, before our table
+// goes in (see Foreign); these priorities settle what is left, a CNI's own
+// rules, deterministically.
+const (
+	PriorityRaw    = -310
+	PriorityMangle = -140
+	PriorityNAT    = -110
+)
+
 var (
 	// Skips conntrack for nothing; it only moves DNS between the proxy and
 	// the upstream resolver into their own conntrack zone, so the proxy's
 	// query cannot collide with the app's redirected one. Must run before
 	// conntrack (-200).
-	rawPrerouting = baseChain{"raw-prerouting", nftables.ChainTypeFilter, nftables.ChainHookPrerouting, -300}
-	rawOutput     = baseChain{"raw-output", nftables.ChainTypeFilter, nftables.ChainHookOutput, -300}
+	rawPrerouting = baseChain{"raw-prerouting", nftables.ChainTypeFilter, nftables.ChainHookPrerouting, PriorityRaw}
+	rawOutput     = baseChain{"raw-output", nftables.ChainTypeFilter, nftables.ChainHookOutput, PriorityRaw}
 	// Runs after conntrack so ct mark and ct state are known, before NAT.
 	// TPROXY mode does its inbound capture here.
-	manglePrerouting = baseChain{"mangle-prerouting", nftables.ChainTypeFilter, nftables.ChainHookPrerouting, -150}
+	manglePrerouting = baseChain{"mangle-prerouting", nftables.ChainTypeFilter, nftables.ChainHookPrerouting, PriorityMangle}
 	// A route chain: changing the mark re-routes the packet, which is how
 	// replies restored to the tproxy mark find table 100.
-	mangleOutput = baseChain{"mangle-output", nftables.ChainTypeRoute, nftables.ChainHookOutput, -150}
-	// REDIRECT mode's inbound capture. -100 (dstnat) in numbers: nft 1.0.6
-	// rejects the symbolic name for the output hook in inet tables.
-	natPrerouting = baseChain{"nat-prerouting", nftables.ChainTypeNAT, nftables.ChainHookPrerouting, -100}
+	mangleOutput = baseChain{"mangle-output", nftables.ChainTypeRoute, nftables.ChainHookOutput, PriorityMangle}
+	// REDIRECT mode's inbound capture.
+	natPrerouting = baseChain{"nat-prerouting", nftables.ChainTypeNAT, nftables.ChainHookPrerouting, PriorityNAT}
 	// Outbound capture in both modes.
-	natOutput = baseChain{"nat-output", nftables.ChainTypeNAT, nftables.ChainHookOutput, -100}
+	natOutput = baseChain{"nat-output", nftables.ChainTypeNAT, nftables.ChainHookOutput, PriorityNAT}
 )
 
 // Build turns a spec into the ruleset for our table. It does no I/O.
@@ -359,17 +391,34 @@ func hookName(h *nftables.ChainHook) string {
 }
 
 // priorityName prints priorities the way nft does for the inet family:
-// symbolic names where one exists for the hook, otherwise the number.
+// within 10 of a standard priority its name and the offset ("mangle +
+// 10", "dstnat - 10"), when the name is valid for the hook (dstnat only on
+// prerouting, srcnat only on postrouting); otherwise the number.
 func priorityName(c Chain) string {
-	names := map[int32]string{-300: "raw", -150: "mangle", 0: "filter", 50: "security"}
-	if *c.Hook == *nftables.ChainHookPrerouting {
-		names[-100] = "dstnat"
+	const reach = 10
+	std := []struct {
+		val  int32
+		name string
+		hook *nftables.ChainHook
+	}{
+		{-300, "raw", nil}, {-150, "mangle", nil}, {-100, "dstnat", nftables.ChainHookPrerouting},
+		{0, "filter", nil}, {50, "security", nil}, {100, "srcnat", nftables.ChainHookPostrouting},
 	}
-	if *c.Hook == *nftables.ChainHookPostrouting {
-		names[100] = "srcnat"
-	}
-	if n, ok := names[c.Priority]; ok {
-		return n
+	for _, p := range std {
+		off := c.Priority - p.val
+		if off < -reach || off > reach {
+			continue
+		}
+		if p.hook != nil && *p.hook != *c.Hook {
+			break // as nft: the nearest standard name does not apply
+		}
+		switch {
+		case off > 0:
+			return fmt.Sprintf("%s + %d", p.name, off)
+		case off < 0:
+			return fmt.Sprintf("%s - %d", p.name, -off)
+		}
+		return p.name
 	}
 	return fmt.Sprint(c.Priority)
 }

@@ -11,6 +11,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/nftredir/nftredir/capture"
+	"github.com/nftredir/nftredir/capture/capturetest"
 	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/state"
@@ -30,6 +32,7 @@ func TestToStatus(t *testing.T) {
 		{"no access", &lifecycle.OpenPathError{Err: wrap(netns.ErrNoAccess)}, codes.FailedPrecondition},
 		{"hung mount", &lifecycle.OpenPathError{Err: wrap(netns.ErrTimeout)}, codes.Unavailable},
 		{"in use", fmt.Errorf("netns_path /run/netns/x: %w", lifecycle.ErrNetnsInUse), codes.FailedPrecondition},
+		{"foreign capture", capture.CheckForeign("/run/netns/x", capturetest.IstioForeign(false), false), codes.FailedPrecondition},
 		// A record of a newer daemon is this daemon's problem, not the
 		// caller's namespace: the CNI plugin must not report the path.
 		{"newer record", wrap(&state.NewerError{}), codes.Internal},

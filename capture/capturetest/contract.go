@@ -46,6 +46,13 @@ type Env interface {
 	// Dump describes the namespace's table and routing; equal dumps mean
 	// nothing changed.
 	Dump(t *testing.T, path string) string
+	// SetTakeOver makes Engine take over foreign capture (or not).
+	SetTakeOver(t *testing.T, on bool)
+	// AddForeignCapture installs istio-cni's in-pod rules (iptables-nft,
+	// both families; see IstioInpodRules).
+	AddForeignCapture(t *testing.T, path string)
+	// AddLegacyCapture adds LegacyRule as a legacy iptables rule.
+	AddLegacyCapture(t *testing.T, path string)
 }
 
 // Run runs the contract cases, each on a fresh Env from newEnv.
@@ -79,6 +86,10 @@ var cases = []struct {
 	{"ReplacedNamespaceIsAnother", testReplaced},
 	{"ClosedNamespaceIsRefused", testClosed},
 	{"CandidatesListNamespaces", testCandidates},
+	{"ForeignCaptureRefused", testForeignCaptureRefused},
+	{"ForeignCaptureTakenOver", testForeignCaptureTakenOver},
+	{"LegacyCaptureRefused", testLegacyCaptureRefused},
+	{"ForeignCaptureAfterApplyIsSeen", testForeignCaptureAfterApply},
 }
 
 const (
@@ -446,6 +457,85 @@ func testCandidates(t *testing.T, e Env) {
 	}
 }
 
+// wantRefused requires Apply to refuse the namespace at path with
+// ErrForeignCapture naming what, and to change nothing.
+func wantRefused(t *testing.T, e Env, path string, what string) {
+	t.Helper()
+	ns := open(t, e, path)
+	before := e.Dump(t, path)
+	err := e.Engine().Apply(context.Background(), ns, ruleset(t, podA), netns.DefaultRouting())
+	if !errors.Is(err, capture.ErrForeignCapture) {
+		t.Fatalf("Apply = %v; want %v", err, capture.ErrForeignCapture)
+	}
+	if !strings.Contains(err.Error(), what) {
+		t.Errorf("refusal %q does not name %q", err, what)
+	}
+	if after := e.Dump(t, path); after != before {
+		t.Errorf("refused Apply changed the namespace\n--- before\n%s\n--- after\n%s", before, after)
+	}
+}
+
+func testForeignCaptureRefused(t *testing.T, e Env) {
+	path := e.NewNamespace(t)
+	e.AddForeignCapture(t, path)
+	wantRefused(t, e, path, "ISTIO_OUTPUT")
+}
+
+func testForeignCaptureTakenOver(t *testing.T, e Env) {
+	e.SetTakeOver(t, true)
+	rs, r := ruleset(t, podA), netns.DefaultRouting()
+	path := e.NewNamespace(t)
+	e.AddForeignCapture(t, path)
+	if before := e.Dump(t, path); !strings.Contains(before, "ISTIO_PRERT") {
+		t.Fatalf("no foreign capture to take over:\n%s", before)
+	}
+	ns := open(t, e, path)
+	apply(t, e, ns, rs, r)
+	after := e.Dump(t, path)
+	t.Logf("after take-over:\n%s", after)
+	if strings.Contains(after, "ISTIO_") {
+		t.Errorf("foreign chains left after take-over:\n%s", after)
+	}
+	if l := inspect(t, e, ns, rs, r); !l.InSync() {
+		t.Errorf("after take-over: table %v, routing %+v; want in sync", l.Table, l.Routing)
+	}
+	wantOwner(t, e, ns, podA, true)
+	// Done: a second Apply has nothing to take over and changes nothing.
+	apply(t, e, ns, rs, r)
+	if again := e.Dump(t, path); again != after {
+		t.Errorf("Apply after take-over changed the namespace\n--- before\n%s\n--- after\n%s", after, again)
+	}
+}
+
+func testLegacyCaptureRefused(t *testing.T, e Env) {
+	for _, on := range []bool{false, true} {
+		e.SetTakeOver(t, on)
+		path := e.NewNamespace(t)
+		e.AddLegacyCapture(t, path)
+		wantRefused(t, e, path, "iptables table nat")
+	}
+}
+
+// Capture another agent adds beside ours makes the namespace out of sync,
+// naming it, and the next Apply takes it over.
+func testForeignCaptureAfterApply(t *testing.T, e Env) {
+	e.SetTakeOver(t, true)
+	rs, r := ruleset(t, podA), netns.DefaultRouting()
+	path := e.NewNamespace(t)
+	apply(t, e, open(t, e, path), rs, r)
+	e.AddForeignCapture(t, path)
+	ns := open(t, e, path)
+	l := inspect(t, e, ns, rs, r)
+	if l.InSync() || !strings.Contains(l.Foreign, "ISTIO_PRERT") {
+		t.Errorf("with istio-cni's rules beside ours: InSync %t, Foreign %q; want out of sync, naming them", l.InSync(), l.Foreign)
+	}
+	wantTable(t, l, nft.StatusInSync)
+	apply(t, e, ns, rs, r)
+	if l := inspect(t, e, ns, rs, r); !l.InSync() || l.Foreign != "" {
+		t.Errorf("after Apply: InSync %t, Foreign %q", l.InSync(), l.Foreign)
+	}
+}
+
 // fakeEnv drives a Fake through its hooks.
 type fakeEnv struct {
 	f    *Fake
@@ -486,3 +576,10 @@ func (e *fakeEnv) DeleteRule(_ *testing.T, path string, r netns.Routing, family 
 	e.f.DeleteRule(path, r, family)
 }
 func (e *fakeEnv) Dump(_ *testing.T, path string) string { return e.f.Dump(path) }
+func (e *fakeEnv) SetTakeOver(_ *testing.T, on bool)     { e.f.SetTakeOver(on) }
+func (e *fakeEnv) AddForeignCapture(_ *testing.T, path string) {
+	e.f.AddForeignCapture(path, IstioForeign(true))
+}
+func (e *fakeEnv) AddLegacyCapture(_ *testing.T, path string) {
+	e.f.AddForeignCapture(path, &nft.Foreign{Legacy: []netns.XTable{{Family: "ip", Name: "nat", Entries: 1}}})
+}

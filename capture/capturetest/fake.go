@@ -64,6 +64,7 @@ type Fake struct {
 	calls      map[Op]int
 	changes    int
 	open       int
+	takeOver   bool
 }
 
 var _ capture.Engine = (*Fake)(nil)
@@ -91,6 +92,8 @@ type space struct {
 	rules           map[ruleKey]bool
 	routes          map[routeKey]bool
 	noIPv6          bool
+	// others is another agent's capture in the namespace (nil: none).
+	others *nft.Foreign
 }
 
 type ruleKey struct {
@@ -291,6 +294,22 @@ func (f *Fake) AddForeignRule(path string) {
 	}
 }
 
+// SetTakeOver sets what Apply does with another agent's capture, as
+// capture.TakeOverForeign does for the kernel engine.
+func (f *Fake) SetTakeOver(on bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.takeOver = on
+}
+
+// AddForeignCapture puts another agent's capture, as FindForeign would
+// describe it, into the namespace at path.
+func (f *Fake) AddForeignCapture(path string, fc *nft.Foreign) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.mustSpace(path).others = fc
+}
+
 // DeleteTable deletes our table at path, as `nft delete table` does.
 func (f *Fake) DeleteTable(path string) {
 	f.mu.Lock()
@@ -344,6 +363,9 @@ func (sp *space) dump() string {
 	var lines []string
 	if sp.table != nil {
 		lines = append(lines, fmt.Sprintf("table digest=%s edited=%t foreign=%t", sp.table.Digest, sp.edited, sp.foreign))
+	}
+	if !sp.others.Empty() {
+		lines = append(lines, "others: "+sp.others.String())
 	}
 	for k := range sp.rules {
 		lines = append(lines, fmt.Sprintf("rule family=%d fwmark %#x/%#x pref %d lookup %d", k.family, k.mark, k.mask, k.priority, k.table))
@@ -519,6 +541,9 @@ func (f *Fake) Apply(ctx context.Context, ns capture.Namespace, rs *nft.Ruleset,
 	if rs == nil {
 		return errors.New("capture: apply of a nil ruleset")
 	}
+	if err := capture.CheckForeign(ns.Path(), sp.others, f.takeOver); err != nil {
+		return err
+	}
 	changed, err := sp.ensureRouting(r)
 	if changed {
 		f.changes++
@@ -533,10 +558,10 @@ func (f *Fake) Apply(ctx context.Context, ns capture.Namespace, rs *nft.Ruleset,
 	if injected != nil {
 		return injected
 	}
-	if sp.table != nil && sp.table.Digest == rs.Digest && !sp.edited && !sp.foreign {
+	if sp.table != nil && sp.table.Digest == rs.Digest && !sp.edited && !sp.foreign && sp.others.Empty() {
 		return nil
 	}
-	sp.table, sp.edited, sp.foreign = rs, false, false
+	sp.table, sp.edited, sp.foreign, sp.others = rs, false, false, nil
 	if !changed {
 		// One call, one change, however much of it changed.
 		f.changes++
@@ -625,6 +650,9 @@ func (f *Fake) Inspect(ctx context.Context, ns capture.Namespace, rs *nft.Rulese
 		return capture.Live{}, err
 	}
 	live := capture.Live{Table: nft.StatusAbsent, Routing: sp.routing(r)}
+	if !sp.others.Empty() {
+		live.Foreign = sp.others.String()
+	}
 	if sp.table == nil {
 		return live, nil
 	}

@@ -23,6 +23,9 @@ import (
 // a pod with CAP_NET_ADMIN could.
 type kernelEnv struct {
 	engine *capture.Kernel
+	// engines are the engine refusing foreign capture and the one taking
+	// it over; SetTakeOver picks.
+	engines [2]*capture.Kernel
 }
 
 // NewKernelEnv returns an Env over the kernel engine. It needs root (see
@@ -35,7 +38,42 @@ func NewKernelEnv(t *testing.T) Env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &kernelEnv{engine: capture.NewKernel(g, nft.NewNetlink())}
+	e := &kernelEnv{engines: [2]*capture.Kernel{
+		capture.NewKernel(g, nft.NewNetlink()),
+		capture.NewKernel(g, nft.NewNetlink(), capture.TakeOverForeign(true)),
+	}}
+	e.engine = e.engines[0]
+	return e
+}
+
+func (e *kernelEnv) SetTakeOver(_ *testing.T, on bool) {
+	e.engine = e.engines[0]
+	if on {
+		e.engine = e.engines[1]
+	}
+}
+
+// AddForeignCapture installs istio-cni's in-pod rules with iptables-nft,
+// for both families.
+func (e *kernelEnv) AddForeignCapture(t *testing.T, path string) {
+	t.Helper()
+	name := filepath.Base(path)
+	for _, v := range []struct {
+		cmd  string
+		args [2]string
+	}{{"iptables-nft-restore", IstioV4}, {"ip6tables-nft-restore", IstioV6}} {
+		cmd := exec.Command("ip", "netns", "exec", name, v.cmd, "--noflush")
+		cmd.Stdin = strings.NewReader(IstioInpodRules(v.args[0], v.args[1]))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v: %s", v.cmd, err, out)
+		}
+	}
+}
+
+// AddLegacyCapture adds LegacyRule with iptables-legacy.
+func (e *kernelEnv) AddLegacyCapture(t *testing.T, path string) {
+	t.Helper()
+	run(t, "ip", append([]string{"netns", "exec", filepath.Base(path), "iptables-legacy"}, strings.Fields(LegacyRule)...)...)
 }
 
 func (e *kernelEnv) Engine() capture.Engine { return e.engine }
@@ -141,13 +179,23 @@ func (e *kernelEnv) DeleteRule(t *testing.T, path string, r netns.Routing, famil
 		"fwmark", fmt.Sprintf("%#x/%#x", r.Mark, r.Mask), "pref", fmt.Sprint(r.Priority), "lookup", fmt.Sprint(r.Table))
 }
 
-// Dump lists the whole nftables ruleset, every rule and every route of
-// every table, for both families.
+// Dump lists the whole nftables ruleset, the legacy iptables rules,
+// every rule and every route of every table, for both families.
 func (e *kernelEnv) Dump(t *testing.T, path string) string {
 	t.Helper()
 	name := filepath.Base(path)
 	var sb strings.Builder
 	sb.WriteString(nftIn(t, path, "list", "ruleset"))
+	// -save lists only the tables that exist (it reads
+	// /proc/net/ip_tables_names), so dumping creates none. Its comment
+	// lines carry the time.
+	for _, save := range []string{"iptables-legacy-save", "ip6tables-legacy-save"} {
+		for l := range strings.Lines(run(t, "ip", "netns", "exec", name, save)) {
+			if !strings.HasPrefix(l, "#") {
+				sb.WriteString(l)
+			}
+		}
+	}
 	for _, fam := range []string{"-4", "-6"} {
 		sb.WriteString(run(t, "ip", "-n", name, fam, "rule", "show"))
 		sb.WriteString(run(t, "ip", "-n", name, fam, "route", "show", "table", "all"))

@@ -86,6 +86,7 @@ type options struct {
 	tproxyV6     addrValue
 
 	kubernetes   bool
+	takeOver     bool
 	kubeconfig   string
 	nodeName     string
 	kubeStateDir string
@@ -209,6 +210,7 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.Var(&o.probeV6, "probe-source-v6", "IPv6 kubelet probe source `address`; empty disables")
 	fs.BoolVar(&o.version, "version", false, "print the version (module, VCS revision and time, Go version) and exit")
 	fs.BoolVar(&o.kubernetes, "kubernetes", false, "Kubernetes mode: watch this node's pods and the namespaces, capture the pods the enrolment policy selects (filling in their identity from the API), enrol and release running pods as their labels change, annotate captured pods")
+	fs.BoolVar(&o.takeOver, "take-over-foreign-capture", false, "replace another agent's capture found in a pod's namespace (istio-cni's iptables-nft chains or nftables tables, linkerd's PROXY_INIT_* chains) with ours, in the transaction that installs ours; off, such a pod is refused (FailedPrecondition, and a CaptureRefused Event in Kubernetes mode). Legacy iptables rules are refused either way. Default: on in Kubernetes mode, off otherwise")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig `path` for Kubernetes mode; empty uses the in-cluster service account")
 	fs.StringVar(&o.nodeName, "node-name", nodeNameDefault, "this node's `name` in Kubernetes mode (default: $NODE_NAME)")
 	fs.StringVar(&o.kubeStateDir, "kubernetes-state-dir", "/run/nftredir/seen", "`dir`ectory where Kubernetes mode remembers the namespaces of pods it did not capture, so it can enrol them when they are labelled")
@@ -271,6 +273,13 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	}
 	if !given["probe-snat"] {
 		o.probeSNAT = given["kubelet-uid"]
+	}
+	// In Kubernetes mode the daemon decides which pods are captured, and
+	// a pod istio-cni captured before is one it must take over; a plain
+	// daemon only does what its caller asks, and deleting others' rules
+	// is not something a caller may expect.
+	if !given["take-over-foreign-capture"] {
+		o.takeOver = o.kubernetes
 	}
 	if err := o.check(); err != nil {
 		return nil, err

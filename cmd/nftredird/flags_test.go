@@ -279,3 +279,31 @@ func TestFlagReadinessTaintAndPod(t *testing.T) {
 		}
 	}
 }
+
+// TestTakeOverDefaultsToKubernetesMode: foreign capture is taken over by
+// default in Kubernetes mode only; the flag or its variable decide
+// otherwise.
+func TestTakeOverDefaultsToKubernetesMode(t *testing.T) {
+	kube := []string{"--kubernetes", "--node-name", "n1"}
+	for _, tt := range []struct {
+		args []string
+		env  map[string]string
+		want bool
+	}{
+		{nil, nil, false},
+		{kube, nil, true},
+		{append(kube[:3:3], "--take-over-foreign-capture=false"), nil, false},
+		{kube, map[string]string{"NFTREDIR_TAKE_OVER_FOREIGN_CAPTURE": "false"}, false},
+		{[]string{"--take-over-foreign-capture"}, nil, true},
+		{nil, map[string]string{"NFTREDIR_TAKE_OVER_FOREIGN_CAPTURE": "true"}, true},
+	} {
+		o, err := parseFlags(tt.args, env(tt.env), io.Discard)
+		if err != nil {
+			t.Errorf("%v %v: %v", tt.args, tt.env, err)
+			continue
+		}
+		if o.takeOver != tt.want {
+			t.Errorf("%v %v: take-over %v, want %v", tt.args, tt.env, o.takeOver, tt.want)
+		}
+	}
+}

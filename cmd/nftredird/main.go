@@ -220,7 +220,7 @@ func serve(opts *options, root hclog.Logger) (uninstalled bool, err error) {
 	}
 	applier := nft.Applier(nft.NewNetlink())
 	met := observe(opts, &cfg, &pcfg, &applier, root)
-	pcfg.Engine = capture.NewKernel(guard, applier)
+	pcfg.Engine = capture.NewKernel(guard, applier, capture.TakeOverForeign(opts.takeOver))
 	var zs *zdsServing
 	if opts.zdsSocket != "" {
 		if zs, err = newZDS(opts, pcfg.Engine, store, root); err != nil {

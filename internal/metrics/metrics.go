@@ -233,6 +233,18 @@ func (t *timedApplier) Apply(ctx context.Context, h *netns.Handle, rs *nft.Rules
 	return err
 }
 
+// TakeOver is an apply too (ours replaces another agent's capture in the
+// same batch), timed and counted with the others.
+func (t *timedApplier) TakeOver(ctx context.Context, h *netns.Handle, rs *nft.Ruleset, f *nft.Foreign) error {
+	start := time.Now()
+	err := t.Applier.TakeOver(ctx, h, rs, f)
+	t.m.applySeconds.Observe(time.Since(start).Seconds())
+	if err != nil {
+		t.m.applyFailures.Inc()
+	}
+	return err
+}
+
 // scrapeCollector reads the Sources at scrape time: the numbers live in
 // the server, the ZDS server and the probe manager, and copying them into
 // gauges on every change would put metrics calls on their hot paths.
