@@ -49,6 +49,8 @@ type manifests struct {
 	accounts   []corev1.ServiceAccount
 	roles      []rbacv1.ClusterRole
 	bindings   []rbacv1.ClusterRoleBinding
+	nsRoles    []rbacv1.Role
+	nsBindings []rbacv1.RoleBinding
 	haveRBAC   bool
 }
 
@@ -100,6 +102,10 @@ func loadManifests(t *testing.T) *manifests {
 				m.roles = append(m.roles, strict[rbacv1.ClusterRole](t, res, []byte(doc)))
 			case "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
 				m.bindings = append(m.bindings, strict[rbacv1.ClusterRoleBinding](t, res, []byte(doc)))
+			case "rbac.authorization.k8s.io/v1 Role":
+				m.nsRoles = append(m.nsRoles, strict[rbacv1.Role](t, res, []byte(doc)))
+			case "rbac.authorization.k8s.io/v1 RoleBinding":
+				m.nsBindings = append(m.nsBindings, strict[rbacv1.RoleBinding](t, res, []byte(doc)))
 			default:
 				t.Errorf("%s: unexpected object %s %s", res, tm.APIVersion, tm.Kind)
 			}
@@ -351,9 +357,14 @@ func TestInstallContainerEnvironment(t *testing.T) {
 		}
 		env = append(env, e.Name+"="+v)
 	}
+	// What the kubelet gives every pod: the Service address of the API
+	// and the service account's projected files (moved under root).
+	sa := filepath.Join(root, "var/run/secrets/kubernetes.io/serviceaccount")
+	env = append(env, "KUBERNETES_SERVICE_HOST=10.96.0.1", "KUBERNETES_SERVICE_PORT=443",
+		"NFTREDIR_CNI_KUBE_TOKEN_FILE="+filepath.Join(sa, "token"), "NFTREDIR_CNI_KUBE_CA_FILE="+filepath.Join(sa, "ca.crt"))
 	libCNI := filepath.Join(root, "host/usr/lib/cni")
 	netd := filepath.Join(root, "host/etc/cni/net.d")
-	for _, d := range []string{libCNI, netd} {
+	for _, d := range []string{libCNI, netd, sa} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -361,6 +372,11 @@ func TestInstallContainerEnvironment(t *testing.T) {
 	conf := filepath.Join(netd, "10-bridge.conflist")
 	if err := os.WriteFile(conf, []byte(`{"cniVersion":"1.0.0","name":"bridge","plugins":[{"type":"bridge","bridge":"cni0","ipam":{"type":"host-local","subnet":"10.85.0.0/16"}},{"type":"portmap","capabilities":{"portMappings":true}}]}`), 0o644); err != nil {
 		t.Fatal(err)
+	}
+	for name, content := range map[string]string{"token": "projected-token", "ca.crt": "-----BEGIN CERTIFICATE-----\n"} {
+		if err := os.WriteFile(filepath.Join(sa, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	bin := buildCNI(t)
 	run := func(args ...string) (int, string) {
@@ -397,9 +413,15 @@ func TestInstallContainerEnvironment(t *testing.T) {
 		t.Fatalf("conflist after install:\n%s", raw)
 	}
 	entry, _ := json.Marshal(l.Plugins[2])
-	want := `{"excludeNamespaces":["kube-system"],"socket":"/run/nftredir/nftredir.sock","timeout":"10s","type":"nftredir-cni"}`
+	// NFTREDIR_KUBERNETES, the daemon's setting, puts the installer in
+	// Kubernetes mode too: the entry names the kubeconfig as the host
+	// sees it, with the daemon's default policy.
+	want := `{"excludeNamespaces":["kube-system"],"kubernetes":{"kubeconfig":"/etc/cni/net.d/nftredir-cni.kubeconfig","modeDisabled":"none","modeEnabled":"ambient","modeLabel":"istio.io/dataplane-mode"},"socket":"/run/nftredir/nftredir.sock","timeout":"10s","type":"nftredir-cni"}`
 	if string(entry) != want {
 		t.Errorf("entry %s, want %s", entry, want)
+	}
+	if kc, err := os.ReadFile(filepath.Join(netd, "nftredir-cni.kubeconfig")); err != nil || !bytes.Contains(kc, []byte(`"token": "projected-token"`)) || !bytes.Contains(kc, []byte("https://10.96.0.1:443")) {
+		t.Errorf("the plugin's kubeconfig next to the conflist: %v\n%s", err, kc)
 	}
 	self, _ := os.ReadFile(bin)
 	if got, err := os.ReadFile(filepath.Join(libCNI, "nftredir-cni")); err != nil || !bytes.Equal(got, self) {
@@ -436,6 +458,50 @@ func TestKustomizeBuilds(t *testing.T) {
 	for _, want := range []string{"kind: DaemonSet", "kind: ConfigMap", "kind: Namespace", "image: nftredir:dev"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("rendered kustomization lacks %q", want)
+		}
+	}
+}
+
+// TestUninstallAndTaintRBAC: nodes get and patch (the readiness taint)
+// and no more on nodes; the DaemonSet readable by its name only, in the
+// namespace, bound to the ServiceAccount.
+func TestUninstallAndTaintRBAC(t *testing.T) {
+	m := loadManifests(t)
+	var nodeVerbs []string
+	for _, r := range m.roles {
+		for _, rule := range r.Rules {
+			if slices.Contains(rule.Resources, "nodes") {
+				nodeVerbs = append(nodeVerbs, rule.Verbs...)
+			}
+		}
+	}
+	slices.Sort(nodeVerbs)
+	if !slices.Equal(nodeVerbs, []string{"get", "patch"}) {
+		t.Errorf("ClusterRole verbs on nodes %v; want exactly get and patch", nodeVerbs)
+	}
+	if len(m.nsRoles) != 1 || len(m.nsBindings) != 1 {
+		t.Fatalf("%d Roles, %d RoleBindings; want one each", len(m.nsRoles), len(m.nsBindings))
+	}
+	r, b, ds := m.nsRoles[0], m.nsBindings[0], m.daemonSets[0]
+	if r.Namespace != ds.Namespace || b.Namespace != ds.Namespace || b.RoleRef.Kind != "Role" || b.RoleRef.Name != r.Name {
+		t.Errorf("Role %s/%s bound by %s/%s to %v; want the DaemonSet's namespace %s", r.Namespace, r.Name, b.Namespace, b.Name, b.RoleRef, ds.Namespace)
+	}
+	if len(b.Subjects) != 1 || b.Subjects[0].Name != ds.Spec.Template.Spec.ServiceAccountName {
+		t.Errorf("RoleBinding subjects %v; want the DaemonSet's ServiceAccount", b.Subjects)
+	}
+	if len(r.Rules) != 1 || !slices.Equal(r.Rules[0].Resources, []string{"daemonsets"}) || !slices.Equal(r.Rules[0].ResourceNames, []string{ds.Name}) ||
+		!slices.Equal(r.Rules[0].Verbs, []string{"get", "list", "watch"}) {
+		t.Errorf("Role rules %+v; want get, list, watch on daemonsets named %s", r.Rules, ds.Name)
+	}
+	for _, c := range ds.Spec.Template.Spec.Containers {
+		var pod []string
+		for _, e := range c.Env {
+			if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+				pod = append(pod, e.Name+"="+e.ValueFrom.FieldRef.FieldPath)
+			}
+		}
+		if !slices.Contains(pod, "POD_NAME=metadata.name") || !slices.Contains(pod, "POD_NAMESPACE=metadata.namespace") {
+			t.Errorf("container %s: Downward API env %v; want POD_NAME and POD_NAMESPACE", c.Name, pod)
 		}
 	}
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/nftredir/nftredir/client"
 	"github.com/nftredir/nftredir/internal/kcluster"
+	"github.com/nftredir/nftredir/internal/kubelookup"
 	"github.com/nftredir/nftredir/internal/nstest"
 	"github.com/nftredir/nftredir/kube"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
@@ -107,6 +108,9 @@ spec:
           imagePullPolicy: Never
         - name: install-cni
           imagePullPolicy: Never
+          env:
+            - name: NFTREDIR_CNI_CONF_DIR_ON_HOST
+              value: %q
           volumeMounts:
             - name: test-entry
               mountPath: /etc/nftredir-test
@@ -124,7 +128,7 @@ spec:
           hostPath: {path: %q}
         - name: test-entry
           configMap: {name: nftredir-test-entry}
-`, dsNamespace, h.run, h.ztunnel, c.CNIBinDir, h.cniBinLib, c.CNIConfDir),
+`, dsNamespace, c.CNIConfDir, h.run, h.ztunnel, c.CNIBinDir, h.cniBinLib, c.CNIConfDir),
 	}
 	for name, body := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
@@ -426,6 +430,28 @@ func TestK8sDaemonSet(t *testing.T) {
 		}
 		if entry["socket"] != h.socket() || entry["dataDir"] != h.cniData {
 			t.Errorf("entry %v; want socket %s and dataDir %s", entry, h.socket(), h.cniData)
+		}
+		// NFTREDIR_KUBERNETES puts the install step in Kubernetes mode
+		// too: the kubeconfig of the plugin's own lookups, from the
+		// pod's service account, next to the conflist.
+		kc := filepath.Join(c.CNIConfDir, "nftredir-cni.kubeconfig")
+		if k, _ := entry["kubernetes"].(map[string]any); k["kubeconfig"] != kc {
+			t.Errorf("entry's kubernetes key %v; want the kubeconfig %s", entry["kubernetes"], kc)
+		}
+		if fi, err := os.Stat(kc); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("plugin kubeconfig: %v %v", fi, err)
+		}
+		// It reads the API as the plugin would, from the node: the
+		// pod's projected token, the cluster CA, the Service address.
+		lc, err := kubelookup.Load(kc, kubelookup.WithDialContext(c.DialContext))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lc.Close()
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		if _, err := lc.NamespaceLabels(ctx, "kube-system"); err != nil {
+			t.Errorf("the plugin's kubeconfig does not read the API: %v", err)
 		}
 		for _, d := range []string{c.CNIBinDir, h.cniBinLib} {
 			fi, err := os.Stat(filepath.Join(d, "nftredir-cni"))

@@ -22,92 +22,61 @@ import (
 
 	"github.com/nftredir/nftredir/internal/apimode"
 	"github.com/nftredir/nftredir/internal/defaults"
+	"github.com/nftredir/nftredir/internal/enrolment"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
 // Istio's vocabulary, the default selector: istiod and ztunnel read the
 // same label and annotation.
 const (
-	DefaultModeLabel    = "istio.io/dataplane-mode"
-	DefaultModeEnabled  = "ambient"
-	DefaultModeDisabled = "none"
+	DefaultModeLabel    = enrolment.DefaultModeLabel
+	DefaultModeEnabled  = enrolment.DefaultModeEnabled
+	DefaultModeDisabled = enrolment.DefaultModeDisabled
 
 	// RedirectionAnnotation marks a pod whose traffic is captured; istiod
 	// treats a workload as ambient by it. It states what is, not intent.
 	RedirectionAnnotation = "ambient.istio.io/redirection"
 	redirectionEnabled    = "enabled"
-
-	// sidecarStatusAnnotation is set by Istio's injector on pods with a
-	// sidecar, which captures their traffic itself.
-	sidecarStatusAnnotation = "sidecar.istio.io/status"
-	sidecarContainer        = "istio-proxy"
 )
 
 // Selector is the enrolment policy: which label opts a namespace or a pod
-// in, and which value opts a pod out.
-type Selector struct {
-	Label    string
-	Enabled  string
-	Disabled string
-}
+// in, and which value opts a pod out. The rule itself is
+// internal/enrolment's, which nftredir-cni applies too when the daemon
+// cannot answer.
+type Selector enrolment.Selector
 
 // DefaultSelector is Istio's ambient policy.
-func DefaultSelector() Selector {
-	return Selector{Label: DefaultModeLabel, Enabled: DefaultModeEnabled, Disabled: DefaultModeDisabled}
-}
+func DefaultSelector() Selector { return Selector(enrolment.DefaultSelector()) }
 
 // Validate reports a selector that cannot work.
-func (s Selector) Validate() error {
-	switch {
-	case s.Label == "":
-		return fmt.Errorf("the enrolment label key is empty")
-	case s.Enabled == "":
-		return fmt.Errorf("the enrolment label's opt-in value is empty")
-	case s.Enabled == s.Disabled:
-		return fmt.Errorf("the enrolment label's opt-in and opt-out values are both %q", s.Enabled)
-	}
-	return nil
-}
+func (s Selector) Validate() error { return enrolment.Selector(s).Validate() }
 
 // Captured says whether pod, in namespace ns (nil if unknown), is to be
-// captured, and why not when it is not. The order is Istio's: the pod's
-// own opt-out wins, then its opt-in, then the namespace's.
+// captured, and why not when it is not (enrolment.Selector.Captured).
 func (s Selector) Captured(pod *corev1.Pod, ns *corev1.Namespace) (bool, string) {
-	switch {
-	case pod.Spec.HostNetwork:
-		return false, "the pod is on the host network"
-	case hasSidecar(pod):
-		return false, "the pod has a sidecar proxy"
-	case pod.DeletionTimestamp != nil:
-		return false, "the pod is being deleted"
+	var nsLabels map[string]string
+	if ns != nil {
+		nsLabels = ns.Labels
 	}
-	podMode, podSet := pod.Labels[s.Label]
-	switch {
-	case podSet && podMode == s.Disabled && s.Disabled != "":
-		return false, fmt.Sprintf("the pod is labelled %s=%s", s.Label, podMode)
-	case podSet && podMode == s.Enabled:
-		return true, ""
-	case ns != nil && ns.Labels[s.Label] == s.Enabled:
-		return true, ""
-	}
-	return false, fmt.Sprintf("neither the pod nor namespace %s is labelled %s=%s", pod.Namespace, s.Label, s.Enabled)
+	return enrolment.Selector(s).Captured(EnrolmentPod(pod), nsLabels)
 }
 
-func hasSidecar(pod *corev1.Pod) bool {
-	if _, ok := pod.Annotations[sidecarStatusAnnotation]; ok {
-		return true
-	}
-	for _, c := range pod.Spec.Containers {
-		if c.Name == sidecarContainer {
-			return true
-		}
+// EnrolmentPod is what the enrolment rule reads of pod.
+func EnrolmentPod(pod *corev1.Pod) enrolment.Pod {
+	p := enrolment.Pod{
+		Namespace:   pod.Namespace,
+		Labels:      pod.Labels,
+		Annotations: pod.Annotations,
+		HostNetwork: pod.Spec.HostNetwork,
+		Deleting:    pod.DeletionTimestamp != nil,
 	}
 	for _, c := range pod.Spec.InitContainers {
-		if c.Name == sidecarContainer {
-			return true
-		}
+		p.Containers = append(p.Containers, c.Name)
 	}
-	return false
+	for _, c := range pod.Spec.Containers {
+		p.Containers = append(p.Containers, c.Name)
+	}
+	return p
 }
 
 // Per-pod capture options, as annotations of nftredir's own. Each

@@ -17,6 +17,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/nftredir/nftredir/internal/defaults"
+	"github.com/nftredir/nftredir/internal/enrolment"
 	"github.com/nftredir/nftredir/internal/podowner"
 )
 
@@ -32,7 +33,22 @@ const (
 const envPrefix = "NFTREDIR_CNI_"
 
 func envName(flagName string) string {
+	if v, ok := daemonEnv[flagName]; ok {
+		return v
+	}
 	return envPrefix + strings.ToUpper(strings.ReplaceAll(strings.TrimPrefix(flagName, "cni-"), "-", "_"))
+}
+
+// daemonEnv are the flags whose twin is nftredird's own variable, not an
+// NFTREDIR_CNI_ one: the enrolment policy the plugin applies when the
+// daemon cannot answer must be the daemon's, so one setting (a ConfigMap
+// key both containers read) sets both. nftredird's flags of the same
+// names read the same variables.
+var daemonEnv = map[string]string{
+	"kubernetes":              "NFTREDIR_KUBERNETES",
+	"dataplane-mode-label":    "NFTREDIR_DATAPLANE_MODE_LABEL",
+	"dataplane-mode-enabled":  "NFTREDIR_DATAPLANE_MODE_ENABLED",
+	"dataplane-mode-disabled": "NFTREDIR_DATAPLANE_MODE_DISABLED",
 }
 
 const usage = `nftredir-cni install [flags]: put the plugin on this node and keep it there.
@@ -58,6 +74,15 @@ nftredir-cni uninstall [flags]: remove the entry from every network of
 Every flag but --once and --check has an environment twin: NFTREDIR_CNI_
 plus the flag name without "cni-", upper case, '-' as '_' (--cni-bin-dir
 is NFTREDIR_CNI_BIN_DIR). A flag on the command line wins over its twin.
+--kubernetes and --dataplane-mode-* are twinned with nftredird's own
+variables instead (NFTREDIR_KUBERNETES, NFTREDIR_DATAPLANE_MODE_LABEL,
+..._ENABLED, ..._DISABLED), so that the plugin applies the daemon's
+enrolment policy when the daemon cannot answer.
+
+In Kubernetes mode the installer also writes --kubeconfig-name into
+--cni-conf-dir (mode 0600) from the service account's token and CA, and
+rewrites it whenever the kubelet rotates the token; the entry's
+"kubernetes" key names it (docs/blast-radius.md).
 
 Flags:
 `
@@ -86,6 +111,16 @@ type options struct {
 	check         bool
 	resync        time.Duration
 	verbosity     string
+
+	kubernetes     bool
+	modeLabel      string
+	modeEnabled    string
+	modeDisabled   string
+	kubeconfigName string
+	confDirOnHost  string
+	tokenFile      string
+	caFile         string
+	kubeServer     string
 }
 
 // Main runs the install or uninstall subcommand (args after it) and
@@ -231,6 +266,15 @@ func parse(command string, args []string, lookupEnv func(string) (string, bool),
 	fs.StringVar(&o.podNamespace, "pod-namespace", podNamespace, "this installer's pod `namespace` (default: $POD_NAMESPACE)")
 	fs.DurationVar(&o.resync, "resync-interval", time.Minute, "check the installation this often even without a file event")
 	fs.StringVar(&o.verbosity, "verbosity", "info", "this command's own log `level`")
+	fs.BoolVar(&o.kubernetes, "kubernetes", false, "Kubernetes mode, as nftredird's --kubernetes: write a kubeconfig for the plugin and the entry key kubernetes, so that when the daemon cannot answer, a pod the enrolment policy would not capture starts without it (docs/blast-radius.md)")
+	fs.StringVar(&o.modeLabel, "dataplane-mode-label", enrolment.DefaultModeLabel, "entry key kubernetes.modeLabel: nftredird's --dataplane-mode-label, read from the same variable")
+	fs.StringVar(&o.modeEnabled, "dataplane-mode-enabled", enrolment.DefaultModeEnabled, "entry key kubernetes.modeEnabled: nftredird's --dataplane-mode-enabled")
+	fs.StringVar(&o.modeDisabled, "dataplane-mode-disabled", enrolment.DefaultModeDisabled, "entry key kubernetes.modeDisabled: nftredird's --dataplane-mode-disabled")
+	fs.StringVar(&o.kubeconfigName, "kubeconfig-name", DefaultKubeconfigName, "`file` name of the plugin's kubeconfig in --cni-conf-dir (Kubernetes mode)")
+	fs.StringVar(&o.confDirOnHost, "cni-conf-dir-on-host", "", "the runtime's CNI configuration `dir` as the plugin (on the host) sees it, for the kubeconfig's path in the entry; empty: --cni-conf-dir")
+	fs.StringVar(&o.tokenFile, "kube-token-file", DefaultTokenFile, "service account token `file` copied into the plugin's kubeconfig, again whenever it changes")
+	fs.StringVar(&o.caFile, "kube-ca-file", DefaultCAFile, "the cluster's CA bundle `file` for the plugin's kubeconfig")
+	fs.StringVar(&o.kubeServer, "kube-server", "", "the Kubernetes API's https `URL` as the node reaches it; empty: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT")
 	if command == CmdInstall {
 		fs.BoolVar(&o.once, "once", false, "install or repair once, then exit instead of watching")
 		fs.BoolVar(&o.check, "check", false, "exit 0 if the plugin is installed as configured, 1 if not; change nothing")
@@ -284,6 +328,26 @@ func parse(command string, args []string, lookupEnv func(string) (string, bool),
 	if l := hclog.LevelFromString(o.verbosity); l == hclog.NoLevel || l == hclog.Off {
 		errs = append(errs, fmt.Errorf("--verbosity %q: use trace, debug, info, warn or error", o.verbosity))
 	}
+	var kube *Kubeconfig
+	if o.kubernetes {
+		if o.kubeServer == "" {
+			o.kubeServer = serverFromEnv(lookupEnv)
+		}
+		if o.kubeconfigName == "" || filepath.Base(o.kubeconfigName) != o.kubeconfigName {
+			errs = append(errs, fmt.Errorf("--kubeconfig-name %q must be a file name", o.kubeconfigName))
+		}
+		if o.confDirOnHost == "" {
+			o.confDirOnHost = o.confDir
+		}
+		if !filepath.IsAbs(o.confDirOnHost) {
+			errs = append(errs, fmt.Errorf("--cni-conf-dir-on-host %q is not an absolute path", o.confDirOnHost))
+		}
+		sel := enrolment.Selector{Label: o.modeLabel, Enabled: o.modeEnabled, Disabled: o.modeDisabled}
+		if err := sel.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+		kube = &Kubeconfig{Path: filepath.Join(o.confDir, o.kubeconfigName), TokenFile: o.tokenFile, CAFile: o.caFile, Server: o.kubeServer}
+	}
 	entry, err := o.entry(given)
 	if err != nil {
 		errs = append(errs, err)
@@ -291,7 +355,7 @@ func parse(command string, args []string, lookupEnv func(string) (string, bool),
 	if err := errors.Join(errs...); err != nil {
 		return nil, Config{}, err
 	}
-	cfg := Config{BinDirs: o.binDirs.items, ConfDir: o.confDir, ConfName: o.confName, Entry: entry, ReadyFile: o.readyFile, BackupDir: o.backupDir}
+	cfg := Config{BinDirs: o.binDirs.items, ConfDir: o.confDir, ConfName: o.confName, Entry: entry, ReadyFile: o.readyFile, BackupDir: o.backupDir, Kubeconfig: kube}
 	if err := cfg.check(); err != nil {
 		return nil, Config{}, err
 	}
@@ -339,6 +403,19 @@ func (o *options) entry(given map[string]bool) (json.RawMessage, error) {
 	}
 	if o.logLevel != "" {
 		set("log-level", "logLevel", o.logLevel)
+	}
+	if o.kubernetes {
+		// The daemon's policy, from the daemon's own settings, over
+		// whatever the --plugin-config file has; its lookupTimeout stays.
+		k, _ := e["kubernetes"].(map[string]any)
+		if k == nil {
+			k = map[string]any{}
+		}
+		k["kubeconfig"] = filepath.Join(o.confDirOnHost, o.kubeconfigName)
+		k["modeLabel"], k["modeEnabled"], k["modeDisabled"] = o.modeLabel, o.modeEnabled, o.modeDisabled
+		e["kubernetes"] = k
+	} else {
+		delete(e, "kubernetes")
 	}
 	return json.Marshal(e)
 }

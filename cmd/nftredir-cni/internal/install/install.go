@@ -57,7 +57,10 @@ type Config struct {
 	// rather than a re-encoding of them. Keep it on the host, beside the
 	// ready file.
 	BackupDir string
-	Logger    hclog.Logger
+	// Kubeconfig, in Kubernetes mode, is the kubeconfig the plugin reads
+	// pods with when the daemon cannot answer; nil in standalone mode.
+	Kubeconfig *Kubeconfig
+	Logger     hclog.Logger
 }
 
 func (c *Config) check() error {
@@ -78,6 +81,11 @@ func (c *Config) check() error {
 	}
 	if c.ReadyFile != "" && !filepath.IsAbs(c.ReadyFile) {
 		errs = append(errs, fmt.Errorf("ready file %q is not an absolute path", c.ReadyFile))
+	}
+	if c.Kubeconfig != nil {
+		if err := c.Kubeconfig.check(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	var e map[string]json.RawMessage
 	if err := json.Unmarshal(c.Entry, &e); err != nil || e == nil {
@@ -133,10 +141,15 @@ func (in *Installer) Ready() bool { return in.ready.Load() }
 func (in *Installer) Sync() error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
+	// The kubeconfig first, so that an entry naming it finds it; but a
+	// kubeconfig that cannot be written does not keep the entry out: the
+	// plugin then only cannot decide without the daemon, and waits.
+	kerr := in.syncKubeconfig()
 	err := in.syncBinaries()
 	if err == nil {
 		err = in.syncConf()
 	}
+	err = errors.Join(err, kerr)
 	in.setReady(err == nil)
 	return err
 }
@@ -409,6 +422,11 @@ func (in *Installer) Uninstall() error {
 	}
 	// The binary goes only once no network names it.
 	if len(errs) == 0 {
+		if k := in.cfg.Kubeconfig; k != nil {
+			if err := durable.Remove(k.Path); err != nil {
+				errs = append(errs, err)
+			}
+		}
 		for _, d := range in.cfg.BinDirs {
 			p := filepath.Join(d, PluginType)
 			if _, err := os.Lstat(p); errors.Is(err, fs.ErrNotExist) {
@@ -467,6 +485,11 @@ func Check(cfg Config) error {
 		}
 		if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
 			return fmt.Errorf("plugin binary %s is not an executable file", filepath.Join(d, PluginType))
+		}
+	}
+	if k := cfg.Kubeconfig; k != nil {
+		if _, err := os.Stat(k.Path); err != nil {
+			return fmt.Errorf("plugin kubeconfig: %w", err)
 		}
 	}
 	path, c, _, err := primaryConf(cfg.ConfDir, cfg.ConfName, cfg.Supported)

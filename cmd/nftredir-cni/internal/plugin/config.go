@@ -59,6 +59,10 @@ type Conf struct {
 
 	// ValidAttachments is the union of both GC keys.
 	ValidAttachments []types.GCAttachment
+
+	// Kube is the "kubernetes" key (kubernetes.go); nil in standalone
+	// mode.
+	Kube *KubeConf
 }
 
 // rawConf is the JSON shape of the plugin's own keys. Options are kept
@@ -80,6 +84,7 @@ type rawConf struct {
 	DNSCapture           json.RawMessage `json:"dnsCapture"`
 	IPv6                 json.RawMessage `json:"ipv6"`
 	InboundCapture       json.RawMessage `json:"inboundCapture"`
+	Kubernetes           json.RawMessage `json:"kubernetes"`
 
 	ValidAttachments    json.RawMessage `json:"cni.dev/valid-attachments"`
 	ValidAttachmentsOld json.RawMessage `json:"cni.dev/attachments"`
@@ -94,7 +99,7 @@ var knownKeys = []string{
 	"args", "runtimeConfig", "prevResult",
 	"socket", "timeout", "dataDir", "excludeNamespaces", "logFile", "logLevel",
 	"captureMode", "excludeInboundPorts", "excludeOutboundPorts", "excludeOutboundCIDRs",
-	"dnsCapture", "ipv6", "inboundCapture",
+	"dnsCapture", "ipv6", "inboundCapture", "kubernetes",
 }
 
 // maxExclusions mirrors the daemon's request limits loosely; the daemon
@@ -200,6 +205,10 @@ func ParseConf(data []byte, withOptions bool) (*Conf, []string, error) {
 			}
 		}
 	}
+
+	kube, kubeErrs := parseKube(raw.Kubernetes)
+	c.Kube = kube
+	errs = append(errs, kubeErrs...)
 
 	if withOptions {
 		opts, optErrs := parseOptions(&raw)

@@ -5,6 +5,12 @@
 // namespace path may be) is the daemon's; the plugin turns CNI calls into
 // API calls, passes the previous plugin's result through unchanged, and
 // maps the daemon's answers to CNI error codes (see errors.go).
+//
+// One decision is the plugin's own, and only when the daemon cannot
+// answer: in Kubernetes mode (the entry's "kubernetes" key) it reads the
+// pod and its namespace from the API and lets a pod the enrolment policy
+// would not capture start without the daemon (kubernetes.go,
+// docs/blast-radius.md).
 package plugin
 
 import (
@@ -213,6 +219,9 @@ func (p *Plugin) add(r *run, args *skel.CmdArgs) error {
 			if derr := r.atts.Delete(att.Network, att.ContainerID, att.IfName); derr != nil {
 				log.Warn("could not remove attachment record", "error", derr)
 			}
+		}
+		if r.conf.Kube != nil && cannotAnswer(err) {
+			return p.withoutDaemon(r, id, prev, err, log)
 		}
 		return daemonError(err, fmt.Sprintf("enrol pod %s", id.Key), r.conf.Socket)
 	}
