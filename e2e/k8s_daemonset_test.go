@@ -669,6 +669,14 @@ func TestK8sDaemonSet(t *testing.T) {
 				t.Errorf("plugin binary still in %s", d)
 			}
 		}
+		// The plugin's kubeconfig, or anything else, gone from the conf dir.
+		if ents, err := os.ReadDir(c.CNIConfDir); err != nil || len(ents) != 1 {
+			var names []string
+			for _, e := range ents {
+				names = append(names, e.Name())
+			}
+			t.Errorf("%s after uninstall: %v %v; want %s alone", c.CNIConfDir, names, err, kcluster.ConflistName)
+		}
 		tables := nodeTables(t, c)
 		if strings.Contains(tables, "nftredir") {
 			t.Errorf("nftredir table left in the node after uninstall:\n%s", tables)
