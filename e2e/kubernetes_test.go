@@ -150,12 +150,20 @@ func (m *meshCluster) waitEnrolled(t *testing.T, uid types.UID, want bool) *nftr
 	}
 }
 
-// waitAnnotation waits until the pod's redirection annotation is there
-// (want) or gone.
-func (m *meshCluster) waitAnnotation(t *testing.T, p *corev1.Pod, want bool) {
+// Values of the redirection annotation: with ZDS served, a captured pod
+// is pending until a proxy acks it.
+const (
+	redirectionEnabled = "enabled"
+	redirectionPending = "pending"
+)
+
+// waitAnnotation waits until the pod's redirection annotation is want, or
+// gone for "".
+func (m *meshCluster) waitAnnotation(t *testing.T, p *corev1.Pod, want string) {
 	t.Helper()
-	m.WaitPod(t, p.Namespace, p.Name, followTimeout, fmt.Sprintf("%s annotation present=%v", kube.RedirectionAnnotation, want), func(p *corev1.Pod) bool {
-		return (p.Annotations[kube.RedirectionAnnotation] == "enabled") == want
+	m.WaitPod(t, p.Namespace, p.Name, followTimeout, fmt.Sprintf("%s=%q", kube.RedirectionAnnotation, want), func(p *corev1.Pod) bool {
+		v, ok := p.Annotations[kube.RedirectionAnnotation]
+		return v == want && ok == (want != "")
 	})
 }
 
@@ -279,7 +287,8 @@ func TestK8sKubernetesMode(t *testing.T) {
 		if len(rec.GetPodIps()) == 0 || rec.GetPodIps()[0] != p.Status.PodIP {
 			t.Errorf("record IPs %v, pod IP %s", rec.GetPodIps(), p.Status.PodIP)
 		}
-		m.waitAnnotation(t, p, true)
+		// No proxy is connected yet: captured, not yet acked.
+		m.waitAnnotation(t, p, redirectionPending)
 		m.proxyIn(t, rec)
 		wantCaptured(t, m.answer(t, p), "web")
 
@@ -296,6 +305,7 @@ func TestK8sKubernetesMode(t *testing.T) {
 		if add.Name != "web" || add.Namespace != "mesh" || add.ServiceAccount != "web-sa" {
 			t.Errorf("ZDS add carries %s/%s sa=%q; want mesh/web sa=web-sa", add.Namespace, add.Name, add.ServiceAccount)
 		}
+		m.waitAnnotation(t, p, redirectionEnabled)
 		peer.Close()
 		t.Logf("mesh/web: uid %s, sa %s, captured, annotated, ZDS add %s/%s sa=%s", rec.GetPodUid(), rec.GetServiceAccount(), add.Namespace, add.Name, add.ServiceAccount)
 	})
@@ -333,7 +343,7 @@ func TestK8sKubernetesMode(t *testing.T) {
 		enrolTook := time.Since(start)
 		m.proxyIn(t, rec)
 		wantCaptured(t, m.answer(t, p), "late")
-		m.waitAnnotation(t, p, true)
+		m.waitAnnotation(t, p, redirectionPending)
 		// plain-app, from the previous subtest, is in the same namespace.
 		if other, err := m.Client.CoreV1().Pods("plain").Get(t.Context(), "plain-app", metav1.GetOptions{}); err == nil {
 			m.waitEnrolled(t, other.UID, true)
@@ -344,7 +354,7 @@ func TestK8sKubernetesMode(t *testing.T) {
 		m.waitEnrolled(t, p.UID, false)
 		releaseTook := time.Since(start)
 		wantDirect(t, m.answer(t, p), "late")
-		m.waitAnnotation(t, p, false)
+		m.waitAnnotation(t, p, "")
 		t.Logf("namespace label: enrolled in %s, released in %s", enrolTook.Round(time.Millisecond), releaseTook.Round(time.Millisecond))
 
 		// A pod's own label does the same, and its opt-out wins over the

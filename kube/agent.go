@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -77,6 +78,7 @@ type Agent struct {
 	node     string
 	sel      Selector
 	seen     *sightings
+	marks    *marks
 	log      hclog.Logger
 	sweep    time.Duration
 	lookup   time.Duration
@@ -129,6 +131,10 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kube config: %w", err)
 	}
+	marks, err := openMarks(filepath.Join(cfg.Dir, marksDir))
+	if err != nil {
+		return nil, fmt.Errorf("kube config: %w", err)
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = hclog.NewNullLogger()
@@ -139,6 +145,7 @@ func New(cfg Config) (*Agent, error) {
 		node:   cfg.NodeName,
 		sel:    sel,
 		seen:   seen,
+		marks:  marks,
 		log:    log,
 		sweep:  cmpOr(cfg.Sweep, 30*time.Second),
 		lookup: cmpOr(cfg.LookupTimeout, 5*time.Second),
@@ -287,14 +294,15 @@ func timeoutDone(ctx context.Context, d time.Duration) <-chan struct{} {
 	return c.Done()
 }
 
-// knownUIDs is every pod the agent must look at: enrolled, seen, and (with
-// cached) every pod of the node in the cache.
+// knownUIDs is every pod the agent must look at: enrolled, seen, annotated
+// by it, and (with cached) every pod of the node in the cache.
 func (a *Agent) knownUIDs(cached bool) ([]string, error) {
 	uids, err := a.enr.EnrolledUIDs()
 	if err != nil {
 		return nil, fmt.Errorf("list enrolled pods: %w", err)
 	}
 	uids = append(uids, a.seen.uids()...)
+	uids = append(uids, a.marks.uids()...)
 	if cached {
 		for _, p := range a.podIndex.List() {
 			if pod, ok := p.(*corev1.Pod); ok {
@@ -366,7 +374,8 @@ const opTimeout = 30 * time.Second
 
 // sync brings one pod in line: captured if the policy wants it and its
 // namespace is known, released if not, released and forgotten if it is
-// gone from the API; and the annotation says which.
+// gone from the API; and the annotation says which, for pods nftredir
+// captured (annotate.go).
 func (a *Agent) sync(ctx context.Context, uid string) error {
 	ctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
@@ -379,10 +388,14 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 	seen := a.seen.get(uid)
 	pod := a.cachedPodByUID(uid)
 	if pod == nil {
-		if rec == nil && seen == nil {
+		mark, marked := a.marks.get(uid)
+		if rec == nil && seen == nil && !marked {
 			return nil
 		}
-		ns, name := rec.GetPodNamespace(), rec.GetPodName()
+		ns, name := mark.Namespace, mark.Name
+		if rec != nil {
+			ns, name = rec.GetPodNamespace(), rec.GetPodName()
+		}
 		if seen != nil {
 			ns, name = seen.Namespace, seen.Name
 		}
@@ -398,6 +411,9 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 				log.Info("pod released: it is gone from the Kubernetes API", "namespace", ns, "name", name)
 			}
 			a.applied.Delete(uid)
+			if err := a.marks.forget(uid); err != nil {
+				return err
+			}
 			return a.seen.forget(uid)
 		}
 	}
@@ -416,7 +432,7 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 				if err != nil {
 					return err
 				}
-				return a.annotate(ctx, pod, false)
+				return a.showNotCaptured(ctx, pod)
 			}
 		}
 		if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
@@ -424,7 +440,7 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 		}
 		fp := optionAnnotations(pod.Annotations)
 		if last, ok := a.applied.Load(uid); ok && rec != nil && last == fp {
-			return a.annotate(ctx, pod, true)
+			return a.showCaptured(ctx, pod, rec)
 		}
 		a.own.Store(uid, struct{}{})
 		resp, err := a.enr.AddPod(withAgent(ctx), seen.request())
@@ -435,6 +451,9 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 				// namespace: only a new sandbox can tell us the new one.
 				_ = a.seen.forget(uid)
 			}
+			if aerr := a.showIfCaptured(ctx, pod); aerr != nil {
+				log.Warn("cannot annotate the pod", "error", aerr)
+			}
 			return err
 		}
 		if resp.GetNotCapturedReason() == "" {
@@ -443,27 +462,35 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 				log.Info("running pod enrolled: it matches the policy")
 			}
 		}
-		return a.annotate(ctx, pod, resp.GetNotCapturedReason() == "")
+		if resp.GetNotCapturedReason() != "" {
+			return a.showNotCaptured(ctx, pod)
+		}
+		return a.showCaptured(ctx, pod, resp.GetPod())
 	case want:
-		return a.annotate(ctx, pod, true)
+		return a.showCaptured(ctx, pod, rec)
 	case rec != nil:
 		a.applied.Delete(uid)
+		// Marked before the release: should the annotation's removal
+		// fail, the retry must still know the annotation is ours.
+		if err := a.marks.put(uid, podRef{pod.Namespace, pod.Name}); err != nil {
+			return err
+		}
 		if _, err := a.enr.Release(ctx, uid); err != nil {
 			return err
 		}
 		log.Info("pod released: the enrolment policy leaves it uncaptured", "reason", why)
-		return a.annotate(ctx, pod, false)
+		return a.showNotCaptured(ctx, pod)
 	default:
-		return a.annotate(ctx, pod, false)
+		return a.showNotCaptured(ctx, pod)
 	}
 }
 
-// optionAnnotations is the pod's nftredir.io/ annotations as one
-// comparable string.
+// optionAnnotations is the pod's option annotations (nftredir.io/ and
+// Istio's) as one comparable string.
 func optionAnnotations(annotations map[string]string) string {
 	var b strings.Builder
 	for _, k := range slices.Sorted(maps.Keys(annotations)) {
-		if strings.HasPrefix(k, annotationPrefix) {
+		if strings.HasPrefix(k, annotationPrefix) || slices.Contains(istioAnnotations, k) {
 			fmt.Fprintf(&b, "%q=%q;", k, annotations[k])
 		}
 	}
@@ -541,26 +568,6 @@ func (a *Agent) getNamespace(ctx context.Context, name string) (*corev1.Namespac
 	return ns, nil
 }
 
-// annotate makes the redirection annotation say whether the pod is
-// captured; istiod reads it.
-func (a *Agent) annotate(ctx context.Context, pod *corev1.Pod, captured bool) error {
-	if (pod.Annotations[RedirectionAnnotation] == redirectionEnabled) == captured {
-		return nil
-	}
-	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:null}}}`, RedirectionAnnotation)
-	if captured {
-		patch = fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, RedirectionAnnotation, redirectionEnabled)
-	}
-	_, err := a.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("annotate pod %s/%s: %w", pod.Namespace, pod.Name, err)
-	}
-	return nil
-}
-
 type agentKey struct{}
 
 // withAgent marks the agent's own enrolments: their path comes from a
@@ -603,6 +610,7 @@ func (a *Agent) Admit(ctx context.Context, req *nftredirv1.AddPodRequest, id net
 	if err != nil {
 		return lifecycle.Admission{}, lifecycle.Errorf(lifecycle.KindInvalid, "pod %s/%s: %v", pod.Namespace, pod.Name, err)
 	}
+	a.warnIgnored(pod)
 	out := proto.Clone(req).(*nftredirv1.AddPodRequest)
 	out.PodName, out.PodNamespace, out.Options = pod.Name, pod.Namespace, opts
 	sa := pod.Spec.ServiceAccountName

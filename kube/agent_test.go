@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -23,6 +24,31 @@ type fakeEnroller struct {
 	mu          sync.Mutex
 	recs        map[string]*nftredirv1.Pod
 	agentEnrols atomic.Int64
+	// proxy, when set, is ZDS served: each pod's state with the node
+	// proxy ("no proxy connected" when absent), as the manager reports it.
+	proxy map[string]string
+}
+
+// withProxyState is rec as the manager returns it: with the pod's ZDS
+// state when ZDS is served. The caller holds e.mu.
+func (e *fakeEnroller) withProxyState(rec *nftredirv1.Pod) *nftredirv1.Pod {
+	if rec == nil || e.proxy == nil {
+		return rec
+	}
+	c := proto.Clone(rec).(*nftredirv1.Pod)
+	st, ok := e.proxy[rec.GetPodUid()]
+	if !ok {
+		st = "no proxy connected"
+	}
+	c.ZdsState = &st
+	return c
+}
+
+// setProxyState changes what the node proxy holds of the pod.
+func (e *fakeEnroller) setProxyState(uid, st string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.proxy[uid] = st
 }
 
 var fakeID = netns.ID{Dev: 4, Ino: 4026530000}
@@ -42,10 +68,12 @@ func (e *fakeEnroller) AddPod(ctx context.Context, req *nftredirv1.AddPodRequest
 	}
 	r := adm.Request
 	e.mu.Lock()
-	e.recs[r.GetPodUid()] = &nftredirv1.Pod{PodUid: r.GetPodUid(), PodName: r.GetPodName(), PodNamespace: r.GetPodNamespace(), NetnsPath: r.GetNetnsPath()}
+	rec := &nftredirv1.Pod{PodUid: r.GetPodUid(), PodName: r.GetPodName(), PodNamespace: r.GetPodNamespace(), NetnsPath: r.GetNetnsPath(), Options: r.GetOptions()}
+	e.recs[r.GetPodUid()] = rec
+	rec = e.withProxyState(rec)
 	e.mu.Unlock()
 	e.a.Added(req, true, nil)
-	return &nftredirv1.AddPodResponse{}, nil
+	return &nftredirv1.AddPodResponse{Pod: rec}, nil
 }
 
 func (e *fakeEnroller) Release(_ context.Context, uid string) (bool, error) {
@@ -59,7 +87,7 @@ func (e *fakeEnroller) Release(_ context.Context, uid string) (bool, error) {
 func (e *fakeEnroller) Enrolled(uid string) (*nftredirv1.Pod, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.recs[uid], nil
+	return e.withProxyState(e.recs[uid]), nil
 }
 
 func (e *fakeEnroller) EnrolledUIDs() ([]string, error) {

@@ -35,12 +35,12 @@ const (
 // the start.
 var DiscoveryOutcomes = []string{DiscoveryProven, DiscoveryNotFound, DiscoveryAmbiguous, DiscoveryNoPodIP, DiscoveryFailed}
 
-// scanMaxAge is how old a pin scan may be and still serve a pod. A label
+// ScanMaxAge is how old a pin scan may be and still serve a pod. A label
 // selecting many running pods queues them all at once; they share one
 // scan. A stale scan cannot enrol a wrong namespace: AddPod reopens the
 // pin and requires the identity (cookie included) the proof recorded. A
 // refusal from a stale scan is retried after retryFirst with a fresh one.
-const scanMaxAge = time.Second
+const ScanMaxAge = time.Second
 
 // Retries of a pod whose namespace was not proven: pods gain IPs and
 // pins appear within seconds of a sandbox starting, so the first retry
@@ -111,7 +111,7 @@ func (a *Agent) discover(ctx context.Context, log hclog.Logger, pod *corev1.Pod)
 		log.Debug("pod should be captured; it has no IP yet to find its namespace by")
 		return nil, nil
 	}
-	sc, err := a.pins.Recent(ctx, scanMaxAge)
+	sc, err := a.pins.Recent(ctx, ScanMaxAge)
 	if err != nil {
 		a.refuse(log, pod, DiscoveryFailed, ReasonNamespaceScanFailed, err)
 		return nil, nil

@@ -36,7 +36,6 @@ const (
 	// RedirectionAnnotation marks a pod whose traffic is captured; istiod
 	// treats a workload as ambient by it. It states what is, not intent.
 	RedirectionAnnotation = "ambient.istio.io/redirection"
-	redirectionEnabled    = "enabled"
 )
 
 // Selector is the enrolment policy: which label opts a namespace or a pod
@@ -93,6 +92,65 @@ const (
 	AnnotationInboundCapture       = annotationPrefix + "inbound-capture"        // true or false
 )
 
+// Istio's per-pod capture annotations, read with Istio's semantics
+// (istio-cni's cni/pkg/nodeagent/net.go): a boolean that does not parse is
+// ignored, as Istio ignores it, and the pod gets a Warning Event saying so.
+// Where one sets the same option as an nftredir.io annotation, the
+// nftredir.io annotation wins: it is the more specific of the two, and a
+// migration from istio-cni keeps working as it did until one is added.
+const (
+	// AnnotationIstioDNSCapture is nftredir.io/dns-capture's twin.
+	AnnotationIstioDNSCapture = "ambient.istio.io/dns-capture" // true or false
+	// AnnotationIstioBypassInbound "true" leaves inbound uncaptured (the
+	// outbound still is): nftredir.io/inbound-capture "false".
+	AnnotationIstioBypassInbound = "ambient.istio.io/bypass-inbound-capture" // true or false
+	// AnnotationIstioRerouteInterfaces lists interfaces whose incoming
+	// TCP is treated as the pod's outbound (options
+	// reroute_virtual_interfaces). No nftredir.io twin.
+	AnnotationIstioRerouteInterfaces = "istio.io/reroute-virtual-interfaces" // "k6t-eth0,tap0"
+)
+
+// istioAnnotations are the Istio annotations that change capture.
+var istioAnnotations = []string{AnnotationIstioDNSCapture, AnnotationIstioBypassInbound, AnnotationIstioRerouteInterfaces}
+
+// istioOptions applies Istio's annotations to o and returns the ones it
+// ignored, each with why.
+func istioOptions(annotations map[string]string, o *nftredirv1.RedirectOptions) []string {
+	var ignored []string
+	boolean := func(key string) (bool, bool) {
+		v, ok := annotations[key]
+		if !ok {
+			return false, false
+		}
+		b, err := strconv.ParseBool(strings.TrimSpace(v))
+		if err != nil {
+			ignored = append(ignored, fmt.Sprintf("annotation %s: %q is not true or false; ignored, as Istio does", key, v))
+			return false, false
+		}
+		return b, true
+	}
+	if b, ok := boolean(AnnotationIstioDNSCapture); ok {
+		o.DnsCapture = &b
+	}
+	if b, ok := boolean(AnnotationIstioBypassInbound); ok {
+		capture := !b
+		o.InboundCapture = &capture
+	}
+	if v, ok := annotations[AnnotationIstioRerouteInterfaces]; ok {
+		// Names are checked by the daemon with the other options: an
+		// interface the kernel cannot have refuses the pod.
+		o.RerouteVirtualInterfaces = splitList(v)
+	}
+	return ignored
+}
+
+// IgnoredAnnotations lists the pod's Istio annotations Options ignores
+// (values that do not parse), each saying why; the agent shows them on
+// the pod as a Warning Event.
+func IgnoredAnnotations(annotations map[string]string) []string {
+	return istioOptions(annotations, &nftredirv1.RedirectOptions{})
+}
+
 // knownAnnotations lists every option annotation, so a misspelt one is an
 // error rather than silently ignored.
 var knownAnnotations = map[string]bool{
@@ -101,13 +159,17 @@ var knownAnnotations = map[string]bool{
 }
 
 // Options applies the pod's option annotations over base (which is not
-// modified). The values are parsed here; their meaning (port ranges,
-// CIDR forms, limits) is checked by the daemon like any request's.
+// modified): Istio's, then nftredir.io's, so that nftredir.io's win. The
+// values are parsed here; their meaning (port ranges, CIDR forms, limits,
+// interface names) is checked by the daemon like any request's. A bad
+// nftredir.io annotation is an error; a bad Istio boolean is ignored
+// (IgnoredAnnotations).
 func Options(annotations map[string]string, base *nftredirv1.RedirectOptions) (*nftredirv1.RedirectOptions, error) {
 	o := &nftredirv1.RedirectOptions{}
 	if base != nil {
 		o = proto.Clone(base).(*nftredirv1.RedirectOptions)
 	}
+	istioOptions(annotations, o)
 	var problems []string
 	bad := func(key, format string, args ...any) {
 		problems = append(problems, fmt.Sprintf("annotation %s: %s", key, fmt.Sprintf(format, args...)))

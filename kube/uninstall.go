@@ -41,7 +41,7 @@ func (a *Agent) ReleaseAll(ctx context.Context, enr Enroller) (released int, err
 			}
 		}
 		if pod != nil {
-			if err := a.annotate(ctx, pod, false); err != nil {
+			if err := a.showNotCaptured(ctx, pod); err != nil {
 				log.Warn("pod released; its annotation stays", "error", err)
 			}
 		}

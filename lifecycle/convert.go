@@ -19,13 +19,14 @@ func podProto(r *state.Record) *nftredirv1.Pod {
 	m, _ := defaults.ParseCaptureMode(s.Mode)
 	mode := apimode.ToAPI(m)
 	opts := &nftredirv1.RedirectOptions{
-		CaptureMode:          mode,
-		ExcludeOutboundCidrs: append([]string(nil), s.ExcludeOutboundCIDRs...),
-		DnsCapture:           proto.Bool(s.CaptureDNS),
-		Ipv6:                 proto.Bool(s.IPv6),
-		InboundCapture:       proto.Bool(s.InboundCapture),
-		TproxyIpv4:           proto.String(s.TProxyV4),
-		TproxyIpv6:           proto.String(s.TProxyV6),
+		CaptureMode:              mode,
+		ExcludeOutboundCidrs:     append([]string(nil), s.ExcludeOutboundCIDRs...),
+		DnsCapture:               proto.Bool(s.CaptureDNS),
+		Ipv6:                     proto.Bool(s.IPv6),
+		InboundCapture:           proto.Bool(s.InboundCapture),
+		TproxyIpv4:               proto.String(s.TProxyV4),
+		TproxyIpv6:               proto.String(s.TProxyV6),
+		RerouteVirtualInterfaces: append([]string(nil), s.RerouteInterfaces...),
 	}
 	for _, p := range s.ExcludeInboundPorts {
 		opts.ExcludeInboundPorts = append(opts.ExcludeInboundPorts, uint32(p))

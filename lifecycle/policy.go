@@ -138,13 +138,15 @@ func (m *Manager) Release(ctx context.Context, uid string) (bool, error) {
 	return m.release(ctx, &nftredirv1.RemovePodRequest{PodUid: uid})
 }
 
-// Enrolled returns the pod's record, or nil when it is not enrolled.
+// Enrolled returns the pod's record, or nil when it is not enrolled. When
+// ZDS is served, its zds_state says whether the node proxy acked the pod:
+// the Kubernetes agent annotates the pod only then.
 func (m *Manager) Enrolled(uid string) (*nftredirv1.Pod, error) {
 	rec, err := m.store.Get(uid)
 	if err != nil || rec == nil {
 		return nil, err
 	}
-	return podProto(rec), nil
+	return m.withZDSState(podProto(rec)), nil
 }
 
 // EnrolledUIDs lists the enrolled pods' keys.

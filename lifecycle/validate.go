@@ -161,7 +161,7 @@ func podIPs(p *problems, in []string) []string {
 func effectiveSpec(p *problems, uid string, o *nftredirv1.RedirectOptions, defaults nft.Spec) nft.Spec {
 	s := defaults
 	s.PodID = uid
-	s.ExcludeInboundPorts, s.ExcludeOutboundPorts, s.ExcludeOutboundCIDRs = nil, nil, nil
+	s.ExcludeInboundPorts, s.ExcludeOutboundPorts, s.ExcludeOutboundCIDRs, s.RerouteInterfaces = nil, nil, nil, nil
 	if o == nil {
 		return s
 	}
@@ -188,7 +188,28 @@ func effectiveSpec(p *problems, uid string, o *nftredirv1.RedirectOptions, defau
 	s.ExcludeInboundPorts = ports(p, "options.exclude_inbound_ports", o.GetExcludeInboundPorts())
 	s.ExcludeOutboundPorts = ports(p, "options.exclude_outbound_ports", o.GetExcludeOutboundPorts())
 	s.ExcludeOutboundCIDRs = cidrs(p, o.GetExcludeOutboundCidrs(), s.IPv6)
+	s.RerouteInterfaces = interfaces(p, o.GetRerouteVirtualInterfaces())
 	return s
+}
+
+// interfaces checks the rerouted interface names, sorted and
+// deduplicated.
+func interfaces(p *problems, in []string) []string {
+	const field = "options.reroute_virtual_interfaces"
+	var out []string
+	for _, name := range in {
+		if err := nft.CheckInterfaceName(name); err != nil {
+			p.addf("%s: %v", field, err)
+			continue
+		}
+		out = append(out, name)
+	}
+	slices.Sort(out)
+	out = slices.Compact(out)
+	if len(out) > nft.MaxRerouteInterfaces {
+		p.addf("%s has %d distinct names, at most %d allowed", field, len(out), nft.MaxRerouteInterfaces)
+	}
+	return out
 }
 
 // tproxyAddr parses a TPROXY target: "" is none (the zero address), else

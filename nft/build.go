@@ -85,7 +85,7 @@ func Build(s Spec) (*Ruleset, error) {
 	}
 	b.manglePrerouting()
 	b.mangleOutput()
-	if s.Mode == ModeRedirect && !s.NoInboundCapture {
+	if s.Mode == ModeRedirect && !s.NoInboundCapture || len(s.RerouteInterfaces) > 0 {
 		b.natPrerouting()
 	}
 	b.natOutput()
@@ -197,10 +197,11 @@ func (b *builder) ipv6Bypass() []Rule {
 	return []Rule{rule(nfproto(unix.NFPROTO_IPV6, "ipv6"), accept())}
 }
 
-// inboundBypass is what inbound capture never touches, in both modes.
+// inboundBypass is what inbound capture never touches, in both modes,
+// after ipv6Bypass and the rerouted interfaces.
 func (b *builder) inboundBypass() []Rule {
 	s := b.spec
-	rules := b.ipv6Bypass()
+	var rules []Rule
 	// Loopback traffic inside the pod, including the proxy talking to the
 	// app, is never captured.
 	// nft: iifname "lo" accept
@@ -228,6 +229,13 @@ func (b *builder) manglePrerouting() {
 		rule(markIs(s.ProxyMark, true), setCtMark(s.TProxyMark)),
 	}
 	if s.Mode == ModeTProxy && !s.NoInboundCapture {
+		rules = append(rules, b.ipv6Bypass()...)
+		// Rerouted interfaces' TCP is left to nat-prerouting, which
+		// redirects it to the outbound port.
+		// nft: iifname "k6t-eth0" meta l4proto tcp accept
+		for _, name := range s.RerouteInterfaces {
+			rules = append(rules, rule(ifaceIs(expr.MetaKeyIIFNAME, "iifname", name), l4proto(unix.IPPROTO_TCP, "tcp"), accept()))
+		}
 		rules = append(rules, b.inboundBypass()...)
 		rules = append(rules,
 			// Packets of connections already delivered to a transparent
@@ -300,7 +308,21 @@ func (b *builder) mangleOutput() {
 
 func (b *builder) natPrerouting() {
 	s := b.spec
-	rules := b.inboundBypass()
+	rules := b.ipv6Bypass()
+	// TCP arriving on a rerouted interface is the outbound traffic of
+	// what sits behind it (a VM, nested containers): to the outbound
+	// port, first, before anything inbound capture would do with it, as
+	// Istio's rules order it.
+	// nft: iifname "k6t-eth0" meta l4proto tcp redirect to :15001
+	for _, name := range s.RerouteInterfaces {
+		rules = append(rules, rule(ifaceIs(expr.MetaKeyIIFNAME, "iifname", name), l4proto(unix.IPPROTO_TCP, "tcp"), redirectTo(s.OutboundPort)))
+	}
+	if s.Mode == ModeTProxy || s.NoInboundCapture {
+		// Inbound capture is mangle-prerouting's, or off.
+		b.chain(natPrerouting, rules...)
+		return
+	}
+	rules = append(rules, b.inboundBypass()...)
 	rules = append(rules,
 		// The proxy listens on the HBONE port itself; leave it alone.
 		// nft: tcp dport 15008 accept

@@ -53,6 +53,9 @@ func goldenCases() []goldenCase {
 			s.TProxyAddrV6 = netip.Addr{}
 		})},
 		{"no_probe_sources", base(func(s *nft.Spec) { s.ProbeSourceV4, s.ProbeSourceV6 = netip.Addr{}, netip.Addr{} })},
+		{"tproxy_reroute", base(func(s *nft.Spec) { s.RerouteInterfaces = []string{"k6t-eth0", "tap0"} })},
+		{"redirect_reroute", base(func(s *nft.Spec) { s.Mode = nft.ModeRedirect; s.RerouteInterfaces = []string{"k6t-eth0"} })},
+		{"tproxy_ingress_reroute", base(func(s *nft.Spec) { s.NoInboundCapture = true; s.RerouteInterfaces = []string{"docker0"} })},
 	}
 }
 

@@ -54,8 +54,9 @@ func (m Mark) validate(name string) error {
 // Limits on list sizes: one rule is emitted per entry, and a request that
 // asks for thousands is a mistake, not a configuration.
 const (
-	MaxExcludedPorts = 64
-	MaxExcludedCIDRs = 64
+	MaxExcludedPorts     = 64
+	MaxExcludedCIDRs     = 64
+	MaxRerouteInterfaces = 16
 )
 
 // Spec is everything the ruleset depends on. Two equal Specs build
@@ -103,6 +104,12 @@ type Spec struct {
 	ExcludeInboundPorts  []uint16
 	ExcludeOutboundPorts []uint16
 	ExcludeOutboundCIDRs []netip.Prefix
+
+	// RerouteInterfaces names interfaces in the pod whose incoming TCP is
+	// the pod's outbound traffic (a VM's or nested containers' behind a
+	// bridge or tap in the pod): redirected to OutboundPort, never
+	// captured as inbound. Istio's istio.io/reroute-virtual-interfaces.
+	RerouteInterfaces []string
 }
 
 // DefaultSpec is the ztunnel-compatible spec for podID, every value from
@@ -204,5 +211,42 @@ func (s Spec) Validate() error {
 			add("excluded outbound CIDR %s is IPv6 but IPv6 capture is off", c)
 		}
 	}
+	if len(s.RerouteInterfaces) > MaxRerouteInterfaces {
+		add("%d reroute interfaces, at most %d allowed", len(s.RerouteInterfaces), MaxRerouteInterfaces)
+	}
+	for _, name := range s.RerouteInterfaces {
+		if err := CheckInterfaceName(name); err != nil {
+			add("reroute interface %v", err)
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// ifNameMax is the longest interface name the kernel takes: IFNAMSIZ (16)
+// less the terminating NUL.
+const ifNameMax = 15
+
+// CheckInterfaceName accepts the names a rerouted interface may have: what
+// the kernel allows (1-15 bytes, not "." or "..", no '/', ':' or space),
+// narrowed to ASCII letters, digits, '-', '_' and '.', so that no name
+// reads as an nft wildcard ('*') or needs quoting anywhere. "lo" is
+// refused: rerouting loopback would send the proxy's own connections to
+// the app back to the proxy.
+func CheckInterfaceName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("name is empty")
+	case len(name) > ifNameMax:
+		return fmt.Errorf("%q is %d bytes; interface names have at most %d", name, len(name), ifNameMax)
+	case name == "." || name == "..":
+		return fmt.Errorf("%q is not an interface name", name)
+	case name == "lo":
+		return errors.New(`"lo" cannot be rerouted: the proxy reaches the app over loopback`)
+	}
+	for _, r := range name {
+		if !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return fmt.Errorf("%q contains %q; use ASCII letters, digits, '-', '_' and '.'", name, r)
+		}
+	}
+	return nil
 }

@@ -37,6 +37,17 @@ func TestSpecValidateRejects(t *testing.T) {
 			s.IPv6 = false
 			s.ExcludeOutboundCIDRs = []netip.Prefix{netip.MustParsePrefix("fd00::/8")}
 		}, "IPv6 capture is off"},
+		{"reroute empty name", func(s *nft.Spec) { s.RerouteInterfaces = []string{""} }, "name is empty"},
+		{"reroute name too long", func(s *nft.Spec) { s.RerouteInterfaces = []string{"a-sixteen-bytes!"[:16]} }, "at most 15"},
+		{"reroute wildcard", func(s *nft.Spec) { s.RerouteInterfaces = []string{"veth*"} }, `contains '*'`},
+		{"reroute slash", func(s *nft.Spec) { s.RerouteInterfaces = []string{"a/b"} }, `contains '/'`},
+		{"reroute dotdot", func(s *nft.Spec) { s.RerouteInterfaces = []string{".."} }, "not an interface name"},
+		{"reroute loopback", func(s *nft.Spec) { s.RerouteInterfaces = []string{"lo"} }, "cannot be rerouted"},
+		{"too many reroutes", func(s *nft.Spec) {
+			for i := range nft.MaxRerouteInterfaces + 1 {
+				s.RerouteInterfaces = append(s.RerouteInterfaces, fmt.Sprintf("tap%d", i))
+			}
+		}, "at most 16"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -79,6 +79,7 @@ type SpecRecord struct {
 	ExcludeInboundPorts  []uint16 `json:"excludeInboundPorts,omitempty"`
 	ExcludeOutboundPorts []uint16 `json:"excludeOutboundPorts,omitempty"`
 	ExcludeOutboundCIDRs []string `json:"excludeOutboundCidrs,omitempty"`
+	RerouteInterfaces    []string `json:"rerouteInterfaces,omitempty"`
 }
 
 // Mark is a value under a mask.
@@ -121,6 +122,7 @@ func SpecOf(s nft.Spec) SpecRecord {
 		InboundCapture:       !s.NoInboundCapture,
 		ExcludeInboundPorts:  slices.Clone(s.ExcludeInboundPorts),
 		ExcludeOutboundPorts: slices.Clone(s.ExcludeOutboundPorts),
+		RerouteInterfaces:    slices.Clone(s.RerouteInterfaces),
 	}
 	if s.ProbeSourceV4.IsValid() {
 		r.ProbeSourceV4 = s.ProbeSourceV4.String()
@@ -160,6 +162,7 @@ func (r SpecRecord) Spec(podUID string) (nft.Spec, error) {
 		NoInboundCapture:     !r.InboundCapture,
 		ExcludeInboundPorts:  slices.Clone(r.ExcludeInboundPorts),
 		ExcludeOutboundPorts: slices.Clone(r.ExcludeOutboundPorts),
+		RerouteInterfaces:    slices.Clone(r.RerouteInterfaces),
 	}
 	for _, a := range []struct {
 		field, text string

@@ -499,6 +499,13 @@ func (c *conn) process(o *op, snapshot bool) error {
 // when one is due and no newer change of the pod is queued.
 func (c *conn) settle(o *op, log hclog.Logger, nack string, failure error) {
 	uid := o.pod.UID
+	acked := false
+	// Deferred before the unlock, so it runs after it.
+	defer func() {
+		if acked && c.s.cfg.Acked != nil {
+			c.s.cfg.Acked(uid)
+		}
+	}()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.inflight = nil
@@ -540,6 +547,7 @@ func (c *conn) settle(o *op, log hclog.Logger, nack string, failure error) {
 		st = podState{phase: phaseAcked}
 		log.Debug("node proxy acked", "request", o.kind)
 		notify(waiters, nil)
+		acked = o.kind == opAdd
 	}
 	if newer {
 		// A later PodAdded or PodRemoved owns the pod's state now.

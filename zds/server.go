@@ -142,6 +142,12 @@ type Config struct {
 	// RefusalLogInterval is the least time between two log lines about
 	// refused callers; the ones in between are counted in the next line.
 	RefusalLogInterval time.Duration
+
+	// Acked, if set, is called after a proxy acked an add of the pod (a
+	// snapshot's included), outside the server's locks. It must not
+	// block: the Kubernetes agent only queues the pod, whose annotation
+	// waits for the ack.
+	Acked func(uid string)
 }
 
 func (c *Config) defaults() error {

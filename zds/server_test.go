@@ -757,3 +757,65 @@ func TestUnlistedCallerIsRefused(t *testing.T) {
 		})
 	}
 }
+
+// ackLog records the Acked hook's calls.
+type ackLog struct {
+	mu   sync.Mutex
+	uids []string
+}
+
+func (l *ackLog) add(uid string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.uids = append(l.uids, uid)
+}
+
+func (l *ackLog) get() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.uids)
+}
+
+// TestAckedHook: the hook hears of every add a proxy acked, the
+// snapshot's included, and of nothing else: not a NACK, not a keep of a
+// namespace that cannot be opened, not a delete. The Kubernetes agent
+// annotates a pod only once the hook has fired for it.
+func TestAckedHook(t *testing.T) {
+	var log ackLog
+	f := newFixture(t, func(c *zds.Config) { c.Acked = log.add })
+	a := f.newPod("pod-a")
+	f.src.put(zds.Pod{UID: "pod-gone", NetnsPath: "/run/netns/nftr-never-existed"})
+	p := zdstest.Dial(t, f.path)
+	p.Hello()
+	p.Expect(zdstest.Add, a.UID)
+	p.Ack("")
+	p.Expect(zdstest.Keep, "pod-gone")
+	p.Ack("")
+	p.Expect(zdstest.SnapshotSent, "")
+	p.Ack("")
+	f.waitState(a.UID, zds.StateAcked)
+	waitFor(t, "the snapshot ack's hook", func() bool { return len(log.get()) == 1 })
+
+	b := f.newPod("pod-b")
+	f.srv.PodAdded(b)
+	p.Expect(zdstest.Add, b.UID)
+	p.Ack("not yet")
+	f.waitState(b.UID, "nacked")
+	if got := log.get(); !slices.Equal(got, []string{a.UID}) {
+		t.Fatalf("after a NACK the hook heard %v; want only %s", got, a.UID)
+	}
+	// The retry is acked.
+	p.Expect(zdstest.Add, b.UID)
+	p.Ack("")
+	f.waitState(b.UID, zds.StateAcked)
+	waitFor(t, "the retry's hook", func() bool { return len(log.get()) == 2 })
+
+	f.src.del(a.UID)
+	f.srv.PodRemoved(a.UID)
+	p.Expect(zdstest.Del, a.UID)
+	p.Ack("")
+	p.ExpectQuiet(200 * time.Millisecond)
+	if got := log.get(); !slices.Equal(got, []string{a.UID, b.UID}) {
+		t.Errorf("hook heard %v; want %s then %s, nothing for the keep or the delete", got, a.UID, b.UID)
+	}
+}

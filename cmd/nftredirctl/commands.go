@@ -59,6 +59,7 @@ Examples:
 		fs.Var(optBoolFlag{&o.DnsCapture}, "dns-capture", "capture DNS (port 53); =false to leave it alone (default: the daemon's)")
 		fs.Var(optBoolFlag{&o.Ipv6}, "ipv6", "capture IPv6 too; =false for IPv4 only (default: on)")
 		fs.Var(optBoolFlag{&o.InboundCapture}, "inbound-capture", "capture inbound connections; =false captures outbound only (default: on)")
+		fs.Var(listFlag{&o.RerouteVirtualInterfaces}, "reroute-interface", "an `INTERFACE` of the pod whose incoming TCP is the pod's outbound (a VM's, nested containers'): redirected to the outbound port")
 		fs.Var(optStringFlag{&req.ServiceAccount}, "service-account", "the pod's Kubernetes service account `NAME`, recorded for node proxies")
 		out := outputFlag(fs)
 		return func(ctx context.Context, c *client.Client, args []string) error {

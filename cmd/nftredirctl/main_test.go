@@ -80,6 +80,7 @@ func TestAddFlags(t *testing.T) {
 		"--exclude-outbound-cidr", "169.254.169.254, 10.0.0.0/8",
 		"--dns-capture=false",
 		"--inbound-capture",
+		"--reroute-interface", "k6t-eth0",
 		"--service-account", "web",
 	)
 	e.mustRun(t, "add", "--pod-uid", "u2", "--netns", "/var/run/netns/cni-2")
@@ -92,12 +93,13 @@ func TestAddFlags(t *testing.T) {
 			NetnsPath:    "/var/run/netns/cni-1",
 			PodIps:       []string{"10.244.1.7", "fd00::7"},
 			Options: &nftredirv1.RedirectOptions{
-				CaptureMode:          nftredirv1.CaptureMode_CAPTURE_MODE_REDIRECT,
-				ExcludeInboundPorts:  []uint32{15021, 8080, 9090},
-				ExcludeOutboundPorts: []uint32{25},
-				ExcludeOutboundCidrs: []string{"169.254.169.254", "10.0.0.0/8"},
-				DnsCapture:           proto.Bool(false),
-				InboundCapture:       proto.Bool(true),
+				CaptureMode:              nftredirv1.CaptureMode_CAPTURE_MODE_REDIRECT,
+				ExcludeInboundPorts:      []uint32{15021, 8080, 9090},
+				ExcludeOutboundPorts:     []uint32{25},
+				ExcludeOutboundCidrs:     []string{"169.254.169.254", "10.0.0.0/8"},
+				DnsCapture:               proto.Bool(false),
+				InboundCapture:           proto.Bool(true),
+				RerouteVirtualInterfaces: []string{"k6t-eth0"},
 				// Ipv6 not given: must stay unset, so the daemon's
 				// default applies.
 			},

@@ -121,6 +121,9 @@ func (a *app) printPod(t *tabwriter.Writer, p *nftredirv1.Pod) {
 	fmt.Fprintf(t, "Excluded inbound ports:\t%s\n", list(o.GetExcludeInboundPorts()))
 	fmt.Fprintf(t, "Excluded outbound ports:\t%s\n", list(o.GetExcludeOutboundPorts()))
 	fmt.Fprintf(t, "Excluded outbound CIDRs:\t%s\n", list(o.GetExcludeOutboundCidrs()))
+	if ifs := o.GetRerouteVirtualInterfaces(); len(ifs) > 0 {
+		fmt.Fprintf(t, "Rerouted interfaces:\t%s\n", list(ifs))
+	}
 	fmt.Fprintf(t, "Enrolled:\t%s\n", a.when(p.GetEnrolledAt()))
 	fmt.Fprintf(t, "Updated:\t%s\n", a.when(p.GetUpdatedAt()))
 }

@@ -200,7 +200,7 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.Var(&o.inboundPort, "inbound-port", "proxy `port` that receives incoming plaintext TCP")
 	fs.Var(&o.hbonePort, "hbone-port", "proxy `port` that receives incoming HBONE (mTLS tunnel) TCP")
 	fs.Var(&o.dnsPort, "dns-port", "proxy `port` that receives captured DNS")
-	fs.BoolVar(&o.dnsCapture, "dns-capture", defaults.CaptureDNS, "capture pods' DNS by default")
+	fs.BoolVar(&o.dnsCapture, "dns-capture", defaults.CaptureDNS, fmt.Sprintf("capture pods' DNS by default (to --dns-port); with --kubernetes the default is %v, as Istio's; pod annotations override", defaults.KubernetesCaptureDNS))
 	fs.BoolVar(&o.ipv6, "ipv6", defaults.IPv6, "capture IPv6 as well as IPv4 by default")
 	fs.Var(&o.proxyMark, "proxy-mark", "`mark/mask` the proxy sets on its own sockets; such packets are never captured")
 	fs.Var(&o.tproxyMark, "tproxy-mark", "`mark/mask` set on tproxied packets; policy routing delivers them locally")
@@ -280,6 +280,10 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	// is not something a caller may expect.
 	if !given["take-over-foreign-capture"] {
 		o.takeOver = o.kubernetes
+	}
+	// Kubernetes mode follows Istio, whose pods' DNS goes to ztunnel.
+	if o.kubernetes && !given["dns-capture"] {
+		o.dnsCapture = defaults.KubernetesCaptureDNS
 	}
 	if err := o.check(); err != nil {
 		return nil, err

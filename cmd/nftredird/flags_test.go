@@ -307,3 +307,34 @@ func TestTakeOverDefaultsToKubernetesMode(t *testing.T) {
 		}
 	}
 }
+
+// TestDNSCaptureDefaultFollowsMode: DNS capture is on by default in
+// Kubernetes mode (Istio's default), off standalone, and the flag or its
+// variable sets it either way.
+func TestDNSCaptureDefaultFollowsMode(t *testing.T) {
+	kube := []string{"--kubernetes", "--node-name", "node-1"}
+	for _, tt := range []struct {
+		args []string
+		env  map[string]string
+		want bool
+	}{
+		{nil, nil, defaults.CaptureDNS},
+		{kube, nil, defaults.KubernetesCaptureDNS},
+		{append(slices.Clone(kube), "--dns-capture=false"), nil, false},
+		{kube, map[string]string{"NFTREDIR_DNS_CAPTURE": "false"}, false},
+		{nil, map[string]string{"NFTREDIR_KUBERNETES": "true", "NODE_NAME": "node-1"}, true},
+		{[]string{"--dns-capture"}, nil, true},
+	} {
+		o, err := parseFlags(tt.args, env(tt.env), io.Discard)
+		if err != nil {
+			t.Errorf("%v %v: %v", tt.args, tt.env, err)
+			continue
+		}
+		if o.dnsCapture != tt.want || o.spec.CaptureDNS != tt.want {
+			t.Errorf("%v %v: dns capture %v (spec %v), want %v", tt.args, tt.env, o.dnsCapture, o.spec.CaptureDNS, tt.want)
+		}
+	}
+	if defaults.CaptureDNS || !defaults.KubernetesCaptureDNS {
+		t.Error("the defaults moved: standalone off, Kubernetes on, as the README says")
+	}
+}

@@ -221,19 +221,24 @@ func serve(opts *options, root hclog.Logger) (uninstalled bool, err error) {
 	applier := nft.Applier(nft.NewNetlink())
 	met := observe(opts, &cfg, &pcfg, &applier, root)
 	pcfg.Engine = capture.NewKernel(guard, applier, capture.TakeOverForeign(opts.takeOver))
-	var zs *zdsServing
-	if opts.zdsSocket != "" {
-		if zs, err = newZDS(opts, pcfg.Engine, store, root); err != nil {
-			return false, err
-		}
-		pcfg.ZDS, pcfg.ZDSRequireAck = zs.srv, opts.zdsRequireAck
-	}
 	var kc *kubeConn
 	if opts.kubernetes {
 		if kc, err = newKube(opts, guard, root); err != nil {
 			return false, err
 		}
 		pcfg.Policy = kc.agent
+	}
+	var zs *zdsServing
+	if opts.zdsSocket != "" {
+		var acked func(string)
+		if kc != nil {
+			// A pod's annotation waits for the proxy's ack.
+			acked = kc.agent.ProxyAcked
+		}
+		if zs, err = newZDS(opts, pcfg.Engine, store, acked, root); err != nil {
+			return false, err
+		}
+		pcfg.ZDS, pcfg.ZDSRequireAck = zs.srv, opts.zdsRequireAck
 	}
 	pods, err := lifecycle.New(pcfg)
 	if err != nil {
@@ -461,10 +466,11 @@ type zdsServing struct {
 
 // newZDS opens namespaces through engine, the one the lifecycle uses, so
 // the proxy is only ever handed what that engine vetted.
-func newZDS(opts *options, engine capture.Engine, store *state.Store, root hclog.Logger) (*zdsServing, error) {
+func newZDS(opts *options, engine capture.Engine, store *state.Store, acked func(uid string), root hclog.Logger) (*zdsServing, error) {
 	srv, err := zds.NewServer(zds.Config{
 		Pods:        zds.StorePods{Store: store},
 		Opener:      engine,
+		Acked:       acked,
 		Logger:      root.Named("zds"),
 		Allow:       peercred.NewAllowlist(opts.zdsAllowUIDs, opts.zdsAllowGIDs),
 		SocketGroup: opts.zdsSocketGroup,

@@ -108,10 +108,15 @@ func TProxyAddrV6() netip.Addr { return netip.IPv6Loopback() }
 const (
 	// Mode is the capture mode of a pod that does not choose one.
 	Mode = TProxy
-	// CaptureDNS is off: redirected to a proxy that does not serve DNS
-	// on DNSPort, the pod could resolve no name, so DNS capture is asked
-	// for (per pod, or by the daemon's --dns-capture).
+	// CaptureDNS is off standalone: redirected to a proxy that does not
+	// serve DNS on DNSPort, the pod could resolve no name, so DNS capture
+	// is asked for (per pod, or by the daemon's --dns-capture).
 	CaptureDNS = false
+	// KubernetesCaptureDNS is on in Kubernetes mode, as in Istio (its
+	// Helm value dnsCapture: true): ztunnel answers for Services and
+	// forwards the rest. --dns-capture=false turns it off node-wide; a
+	// pod's annotation overrides either.
+	KubernetesCaptureDNS = true
 	// IPv6 capture is on: an uncaptured family would be a bypass.
 	IPv6 = true
 	// InboundCapture is on; off is the "outbound only" mode.

@@ -295,9 +295,21 @@ type RedirectOptions struct {
 	TproxyIpv4 *string `protobuf:"bytes,8,opt,name=tproxy_ipv4,json=tproxyIpv4,proto3,oneof" json:"tproxy_ipv4,omitempty"`
 	// The same for IPv6 (daemon default "::1"). Unused when IPv6 capture is
 	// off.
-	TproxyIpv6    *string `protobuf:"bytes,9,opt,name=tproxy_ipv6,json=tproxyIpv6,proto3,oneof" json:"tproxy_ipv6,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TproxyIpv6 *string `protobuf:"bytes,9,opt,name=tproxy_ipv6,json=tproxyIpv6,proto3,oneof" json:"tproxy_ipv6,omitempty"`
+	// Network interfaces inside the pod whose incoming TCP is treated as the
+	// pod's outgoing traffic: redirected to the outbound port instead of
+	// captured as inbound (or let through when inbound capture is off). For
+	// pods that carry a virtual machine's or nested containers' traffic
+	// through an interface of their own (KubeVirt, Docker-in-Docker); what
+	// Istio's istio.io/reroute-virtual-interfaces does. Exact names (no
+	// wildcards), each 1-15 bytes of ASCII letters, digits, '-', '_' and
+	// '.', not "lo", "." or ".."; at most 16; duplicates are ignored. The
+	// redirect rewrites the destination to the interface's own address, so
+	// the interface needs one of the family. JSON:
+	// "rerouteVirtualInterfaces": ["k6t-eth0"].
+	RerouteVirtualInterfaces []string `protobuf:"bytes,10,rep,name=reroute_virtual_interfaces,json=rerouteVirtualInterfaces,proto3" json:"reroute_virtual_interfaces,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
 }
 
 func (x *RedirectOptions) Reset() {
@@ -391,6 +403,13 @@ func (x *RedirectOptions) GetTproxyIpv6() string {
 		return *x.TproxyIpv6
 	}
 	return ""
+}
+
+func (x *RedirectOptions) GetRerouteVirtualInterfaces() []string {
+	if x != nil {
+		return x.RerouteVirtualInterfaces
+	}
+	return nil
 }
 
 // AddPodRequest enrols one pod. JSON field names (as grpcurl takes them) are
@@ -1243,7 +1262,7 @@ var File_nftredir_v1_nftredir_proto protoreflect.FileDescriptor
 
 const file_nftredir_v1_nftredir_proto_rawDesc = "" +
 	"\n" +
-	"\x1anftredir/v1/nftredir.proto\x12\vnftredir.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf4\x03\n" +
+	"\x1anftredir/v1/nftredir.proto\x12\vnftredir.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb2\x04\n" +
 	"\x0fRedirectOptions\x12;\n" +
 	"\fcapture_mode\x18\x01 \x01(\x0e2\x18.nftredir.v1.CaptureModeR\vcaptureMode\x122\n" +
 	"\x15exclude_inbound_ports\x18\x02 \x03(\rR\x13excludeInboundPorts\x124\n" +
@@ -1256,7 +1275,9 @@ const file_nftredir_v1_nftredir_proto_rawDesc = "" +
 	"\vtproxy_ipv4\x18\b \x01(\tH\x03R\n" +
 	"tproxyIpv4\x88\x01\x01\x12$\n" +
 	"\vtproxy_ipv6\x18\t \x01(\tH\x04R\n" +
-	"tproxyIpv6\x88\x01\x01B\x0e\n" +
+	"tproxyIpv6\x88\x01\x01\x12<\n" +
+	"\x1areroute_virtual_interfaces\x18\n" +
+	" \x03(\tR\x18rerouteVirtualInterfacesB\x0e\n" +
 	"\f_dns_captureB\a\n" +
 	"\x05_ipv6B\x12\n" +
 	"\x10_inbound_captureB\x0e\n" +

@@ -1,0 +1,116 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+	"github.com/nftredir/nftredir/zds"
+)
+
+// The redirection annotation follows istio-cni's contract, which istiod
+// and a returning istio-cni read:
+//
+//   - "enabled": the pod is captured and the node proxy has it (istiod
+//     then sends it HBONE). Written once the proxy connected over ZDS
+//     acked the pod; with no ZDS served (proxies on WatchPods, which has
+//     no acks) as soon as the pod is captured. With ZDS served and no
+//     proxy connected, a captured pod stays "pending" until a proxy
+//     connects and acks it in its snapshot.
+//   - "pending": captured, not yet acked. istiod does not treat the pod
+//     as ambient; istio-cni, were it to come back, cleans such a pod up.
+//   - absent: not captured.
+//
+// Only pods nftredir captured are annotated, and only their annotation is
+// ever removed: marks (owned.go) remembers which, across restarts. An
+// "enabled" annotation is never turned back to "pending" (a proxy that
+// restarts re-acks every pod; istiod would otherwise flap), and a pod
+// someone else annotated, istio-cni for one, is never touched.
+const (
+	redirectionEnabled = "enabled"
+	redirectionPending = "pending"
+)
+
+// showCaptured annotates a pod nftredir captured; rec is its record, with
+// the proxy's state when ZDS is served.
+func (a *Agent) showCaptured(ctx context.Context, pod *corev1.Pod, rec *nftredirv1.Pod) error {
+	if err := a.marks.put(string(pod.UID), podRef{pod.Namespace, pod.Name}); err != nil {
+		return err
+	}
+	want := redirectionValue(rec)
+	switch pod.Annotations[RedirectionAnnotation] {
+	case want, redirectionEnabled:
+		return nil
+	}
+	return a.patchRedirection(ctx, pod, want)
+}
+
+// showIfCaptured annotates the pod if it is enrolled after all, after a
+// failed AddPod: one that waited in vain for the proxy's ack
+// (--zds-require-ack) leaves the pod captured, and "pending" says so.
+func (a *Agent) showIfCaptured(ctx context.Context, pod *corev1.Pod) error {
+	rec, err := a.enr.Enrolled(string(pod.UID))
+	if err != nil || rec == nil {
+		return err
+	}
+	return a.showCaptured(ctx, pod, rec)
+}
+
+// redirectionValue is what the annotation of a captured pod says: enabled
+// once the proxy acked it, or when there is no ack to wait for.
+func redirectionValue(rec *nftredirv1.Pod) string {
+	if rec != nil && (rec.ZdsState == nil || rec.GetZdsState() == zds.StateAcked) {
+		return redirectionEnabled
+	}
+	return redirectionPending
+}
+
+// showNotCaptured removes the annotation of a pod that is not captured,
+// if nftredir wrote it; any other pod's annotation is left as it is.
+func (a *Agent) showNotCaptured(ctx context.Context, pod *corev1.Pod) error {
+	uid := string(pod.UID)
+	if !a.marks.has(uid) {
+		return nil
+	}
+	if _, ok := pod.Annotations[RedirectionAnnotation]; ok {
+		if err := a.patchRedirection(ctx, pod, ""); err != nil {
+			return err
+		}
+	}
+	return a.marks.forget(uid)
+}
+
+// patchRedirection sets the annotation to value, or removes it for "".
+// Like istio-cni, through the pods/status subresource: it may change the
+// pod's metadata, and is the smaller grant.
+func (a *Agent) patchRedirection(ctx context.Context, pod *corev1.Pod, value string) error {
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:null}}}`, RedirectionAnnotation)
+	if value != "" {
+		patch = fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, RedirectionAnnotation, value)
+	}
+	_, err := a.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}, "status")
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("annotate pod %s/%s %s=%q: %w", pod.Namespace, pod.Name, RedirectionAnnotation, value, err)
+	}
+	return nil
+}
+
+// ProxyAcked queues the pod after the node proxy acked it over ZDS, so
+// its annotation turns "enabled" (zds.Config.Acked). It does not block.
+func (a *Agent) ProxyAcked(uid string) { a.queue.Add(uid) }
+
+// warnIgnored shows the pod's ignored Istio annotations as a Warning
+// Event: Istio only logs them, where the pod's owner does not look.
+func (a *Agent) warnIgnored(pod *corev1.Pod) {
+	for _, why := range IgnoredAnnotations(pod.Annotations) {
+		a.events.Eventf(pod, corev1.EventTypeWarning, "AnnotationIgnored", "nftredir: %s", why)
+	}
+}
