@@ -8,7 +8,7 @@ export PATH := $(BIN):$(PATH)
 
 PKGS := ./...
 
-.PHONY: all build image test unit race lint lint-go staticcheck demo bench deps deps-k8s e2e-k8s clean fuzz
+.PHONY: all build image test unit race lint lint-go staticcheck demo bench deps deps-k8s deps-istio e2e-k8s e2e-istio clean fuzz
 
 all: build
 
@@ -19,6 +19,12 @@ deps:
 # machine in /var/cache/nftredir (NFTREDIR_TOOLS_CACHE moves it).
 deps-k8s:
 	@NFTREDIR_DEPS_K8S=1 hack/deps.sh
+
+# deps-k8s and the Istio suite's istiod, istio-cni and CRDs, cached the
+# same way (hack/istio-tools.sh). The suite also needs a stock ztunnel
+# binary, which is not built here: ZTUNNEL_BIN=/path/to/ztunnel.
+deps-istio:
+	@NFTREDIR_DEPS_K8S=1 NFTREDIR_DEPS_ISTIO=1 hack/deps.sh
 
 # Static binaries (no cgo, no libc): they run from a scratch image and on
 # any node, whatever its libc (and nftredir-cni, exec'd once per pod and
@@ -56,10 +62,12 @@ lint-go:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 
-# Every test, including the real-kernel ones and the Kubernetes cluster
-# suite (root). -p 1: the kernel tests create namespaces and traffic; on 2
-# cores one package at a time is faster and calmer than contention.
-test: deps-k8s lint-go build
+# Every test, including the real-kernel ones, the Kubernetes cluster
+# suite and the Istio suite (root; the Istio suite skips without
+# ZTUNNEL_BIN, which .ci/run sets from ../shared/tools). -p 1: the kernel
+# tests create namespaces and traffic; on 2 cores one package at a time is
+# faster and calmer than contention.
+test: deps-istio lint-go build
 	$(GO) test -p 1 -count=1 -timeout 15m $(PKGS)
 	@$(MAKE) --no-print-directory race
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(CI_FUZZTIME)
@@ -108,6 +116,12 @@ fuzz:
 # The Kubernetes cluster suite alone (e2e's TestK8s*, see internal/kcluster).
 e2e-k8s: deps-k8s
 	$(GO) test -count=1 -timeout 15m -run '^TestK8s' -v ./e2e/
+
+# The Istio suite alone (e2e's TestIstio*, see internal/istiotest): stock
+# istiod and ztunnel on nftredir in the test cluster. Skips without
+# ZTUNNEL_BIN.
+e2e-istio: deps-istio
+	$(GO) test -count=1 -timeout 15m -run '^TestIstio' -v ./e2e/
 
 # Pure tests only: no root, no kernel.
 unit:

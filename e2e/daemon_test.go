@@ -89,6 +89,7 @@ func TestDaemonEnrolCapture(t *testing.T) {
 				}
 			}
 			expectTCP(t, p, mode, true)
+			wantCounted(t, d, uid, mode)
 
 			r = d.ctl(t, nil, "remove", uid)
 			if r.code != 0 || !strings.Contains(r.stdout, "Removed") {
@@ -108,6 +109,27 @@ func TestDaemonEnrolCapture(t *testing.T) {
 	}
 	if uids := listUIDs(t, c); len(uids) != 0 {
 		t.Errorf("ListPods after every pod was removed: %v", uids)
+	}
+}
+
+// wantCounted requires `nftredirctl get` to show the pod in sync with
+// the capture rules' counters moved by expectTCP's connections: counters
+// are per rule, and their counts are not drift.
+func wantCounted(t *testing.T, d *nftredird, uid string, mode nft.Mode) {
+	t.Helper()
+	r := d.ctl(t, nil, "get", uid)
+	if r.code != 0 || !regexp.MustCompile(`Sync status:\s+in sync`).MatchString(r.stdout) {
+		t.Fatalf("nftredirctl get: exit %d; want 0 and in sync\n%s", r.code, r.stdout)
+	}
+	inbound := fmt.Sprintf(`tproxy ip to 127\.0\.0\.1:%d`, defaults.InboundPort)
+	if mode == nft.ModeRedirect {
+		inbound = fmt.Sprintf(`redirect to :%d`, defaults.InboundPort)
+	}
+	for _, rule := range []string{inbound, fmt.Sprintf(`redirect to :%d`, defaults.OutboundPort)} {
+		re := regexp.MustCompile(`(?m)^\s+meta l4proto tcp .*counter packets [1-9][0-9]* bytes [1-9][0-9]* ` + rule + ` `)
+		if !re.MatchString(r.stdout) {
+			t.Errorf("nftredirctl get does not show the rule %q counting the connections:\n%s", rule, r.stdout)
+		}
 	}
 }
 

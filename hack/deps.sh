@@ -56,3 +56,10 @@ fi
 if [[ "${NFTREDIR_DEPS_K8S:-0}" == 1 ]]; then
 	hack/k8s-tools.sh >/dev/null
 fi
+# The Istio suite's peers (istiod, istio-cni and Istio's CRDs), built once
+# per machine from one pinned istio.io/istio version into the same cache.
+# ztunnel is not among them: the tests take it from ZTUNNEL_BIN. See
+# hack/istio-tools.sh.
+if [[ "${NFTREDIR_DEPS_ISTIO:-0}" == 1 ]]; then
+	hack/istio-tools.sh >/dev/null
+fi

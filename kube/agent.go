@@ -623,6 +623,15 @@ func (a *Agent) Admit(ctx context.Context, req *nftredirv1.AddPodRequest, id net
 			out.PodIps = append(out.PodIps, ip.IP)
 		}
 	}
+	if len(out.PodIps) == 0 && a.enr != nil {
+		// The API can show no IPs for a moment (istio#60471). A pod
+		// enrolled in this same namespace still has the addresses it was
+		// enrolled with; dropping them would take them out of the node
+		// probe set, and the kubelet's probes would be captured.
+		if rec, err := a.enr.Enrolled(uid); err == nil && rec.GetNetnsId() == id.String() {
+			out.PodIps = rec.GetPodIps()
+		}
+	}
 	return lifecycle.Admission{Request: out}, nil
 }
 

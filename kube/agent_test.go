@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -68,7 +69,8 @@ func (e *fakeEnroller) AddPod(ctx context.Context, req *nftredirv1.AddPodRequest
 	}
 	r := adm.Request
 	e.mu.Lock()
-	rec := &nftredirv1.Pod{PodUid: r.GetPodUid(), PodName: r.GetPodName(), PodNamespace: r.GetPodNamespace(), NetnsPath: r.GetNetnsPath(), Options: r.GetOptions()}
+	rec := &nftredirv1.Pod{PodUid: r.GetPodUid(), PodName: r.GetPodName(), PodNamespace: r.GetPodNamespace(), NetnsPath: r.GetNetnsPath(), Options: r.GetOptions(),
+		NetnsId: fakeID.String(), PodIps: r.GetPodIps()}
 	e.recs[r.GetPodUid()] = rec
 	rec = e.withProxyState(rec)
 	e.mu.Unlock()
@@ -191,4 +193,53 @@ func TestAgentReenrolsOnlyWhenOptionsChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "a re-enrolment after the annotation changed", func() bool { return e.agentEnrols.Load() > before })
+}
+
+// TestAgentKeepsPodIPsTheAPIMomentarilyLacks (istio#60471): the API can
+// show no IPs for a pod for a moment; a re-enrolment then must not drop
+// the addresses the pod was enrolled with (its namespace is the same, so
+// they have not changed), or the node probe set loses them and the
+// kubelet's probes are captured until the pod restarts.
+func TestAgentKeepsPodIPsTheAPIMomentarilyLacks(t *testing.T) {
+	cs, a, e, ctx := startMeshAgent(t)
+	setIPs := func(ips ...string) {
+		t.Helper()
+		p, err := cs.CoreV1().Pods("mesh").Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Status.PodIPs = nil
+		for _, ip := range ips {
+			p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: ip})
+		}
+		if _, err := cs.CoreV1().Pods("mesh").UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recIPs := func() []string {
+		r, _ := e.Enrolled("uid-web")
+		return r.GetPodIps()
+	}
+	want := []string{"10.1.2.3", "fd00::3"}
+	setIPs(want...)
+	waitFor(t, "the agent's cache to see the pod's IPs", func() bool {
+		p, err := a.podList.Pods("mesh").Get("web")
+		return err == nil && len(p.Status.PodIPs) == 2
+	})
+	// The runtime's CNI ADD gives no IPs here; the API's are taken.
+	enrolByCNI(ctx, t, cs, e)
+	if got := recIPs(); !slices.Equal(got, want) {
+		t.Fatalf("enrolled with IPs %v; want the API's %v", got, want)
+	}
+	time.Sleep(300 * time.Millisecond)
+	before := e.agentEnrols.Load()
+	setIPs()
+	patch := []byte(`{"metadata":{"annotations":{"nftredir.io/capture-mode":"redirect"}}}`)
+	if _, err := cs.CoreV1().Pods("mesh").Patch(ctx, "web", "application/merge-patch+json", patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a re-enrolment after the annotation changed", func() bool { return e.agentEnrols.Load() > before })
+	if got := recIPs(); !slices.Equal(got, want) {
+		t.Errorf("after a re-enrolment while the API showed no IPs the record has %v; want %v kept", got, want)
+	}
 }

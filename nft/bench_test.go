@@ -165,3 +165,54 @@ func BenchmarkVerify(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkApplyCounterCost: the table with its rules' counters and
+// without them, each on a fresh namespace, alternating which goes first;
+// reports both p50s and their ratio, measured in the same run.
+func BenchmarkApplyCounterCost(b *testing.B) {
+	requireRoot(b)
+	rs, err := nft.Build(nft.DefaultSpec("bench-pod"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	bare, err := rs.WithoutCounters()
+	if err != nil {
+		b.Fatal(err)
+	}
+	g, err := netns.NewGuard()
+	if err != nil {
+		b.Fatal(err)
+	}
+	a := nft.NewNetlink()
+	lat := map[*nft.Ruleset][]time.Duration{}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		order := []*nft.Ruleset{rs, bare}
+		if i%2 == 1 {
+			order[0], order[1] = bare, rs
+		}
+		for _, r := range order {
+			b.StopTimer()
+			f := makeNetns(b, g)
+			b.StartTimer()
+			start := time.Now()
+			err := a.Apply(context.Background(), f.h, r)
+			lat[r] = append(lat[r], time.Since(start))
+			b.StopTimer()
+			f.drop()
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+	}
+	b.StopTimer()
+	p50 := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return float64(d[len(d)/2].Microseconds()) / 1000
+	}
+	with, without := p50(lat[rs]), p50(lat[bare])
+	b.ReportMetric(with, "counters-p50-ms")
+	b.ReportMetric(without, "bare-p50-ms")
+	b.ReportMetric(with/without, "ratio")
+}

@@ -3,6 +3,7 @@ package nft
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/google/nftables"
@@ -121,6 +122,24 @@ func (rs *Ruleset) encode() error {
 	}
 	rs.Digest = d.String()
 	return nil
+}
+
+// WithoutCounters is rs with every rule's counter left out (and its own
+// digest): what the table was before rules counted, for measuring what
+// the counters cost (make bench). The daemon never programs it.
+func (rs *Ruleset) WithoutCounters() (*Ruleset, error) {
+	out := &Ruleset{Spec: rs.Spec, Chains: make([]Chain, len(rs.Chains))}
+	for i, c := range rs.Chains {
+		c.Rules = make([]Rule, 0, len(c.Rules))
+		for _, r := range rs.Chains[i].Rules {
+			c.Rules = append(c.Rules, assemble(slices.DeleteFunc(slices.Clone(r.parts), isCounter)))
+		}
+		out.Chains[i] = c
+	}
+	if err := out.encode(); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // Bytecode renders every rule's expressions as they are sent to the

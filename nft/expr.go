@@ -4,10 +4,14 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"slices"
+	"strings"
 
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/nftredir/nftredir/internal/nftlive"
 )
 
 // Each helper returns one nft "word" of a rule: the kernel expressions and
@@ -18,7 +22,19 @@ type part struct {
 	text  string
 }
 
-func rule(parts ...part) Rule {
+// rule assembles a rule from its words, with a counter between the
+// matches and the first statement, so every rule counts the packets and
+// bytes it acted on (what support asks first: does traffic hit the
+// rule?). This is the one place counters are added.
+func rule(words ...part) Rule {
+	at := slices.IndexFunc(words, acts)
+	if at < 0 {
+		at = len(words)
+	}
+	return assemble(slices.Concat(words[:at:at], []part{counter()}, words[at:]))
+}
+
+func assemble(parts []part) Rule {
 	r := Rule{parts: parts}
 	for i, p := range parts {
 		r.Exprs = append(r.Exprs, p.exprs...)
@@ -28,6 +44,68 @@ func rule(parts ...part) Rule {
 		r.Text += p.text
 	}
 	return r
+}
+
+// acts reports whether a word is a statement (it sets, rewrites or
+// decides) rather than a match: a counter placed after it would count
+// packets that took another path, or none at all after a verdict.
+func acts(p part) bool {
+	for _, e := range p.exprs {
+		switch e := e.(type) {
+		case *expr.Verdict, *expr.TProxy, *expr.Redir, *expr.NAT, *expr.Masq, *expr.Counter:
+			return true
+		case *expr.Meta:
+			if e.SourceRegister {
+				return true
+			}
+		case *expr.Ct:
+			if e.SourceRegister {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func isCounter(p part) bool {
+	if len(p.exprs) != 1 {
+		return false
+	}
+	_, ok := p.exprs[0].(*expr.Counter)
+	return ok
+}
+
+// nft: counter packets 0 bytes 0
+// The text is what nft prints for a fresh table; live listings show the
+// kernel's values instead (see countedText).
+func counter() part {
+	return part{exprs: []expr.Any{&expr.Counter{}}, text: counterText(0, 0)}
+}
+
+func counterText(packets, bytes uint64) string {
+	return fmt.Sprintf("counter packets %d bytes %d", packets, bytes)
+}
+
+// countedText is r's text with the counter's values taken from the live
+// rule's expressions (the first counter there), as `nft list` shows them.
+func (r *Rule) countedText(live []nftlive.Expr) string {
+	packets, bytes, ok := uint64(0), uint64(0), false
+	for _, e := range live {
+		if packets, bytes, ok = nftlive.CounterValues(e); ok {
+			break
+		}
+	}
+	if !ok {
+		return r.Text
+	}
+	words := make([]string, len(r.parts))
+	for i, p := range r.parts {
+		words[i] = p.text
+		if isCounter(p) {
+			words[i] = counterText(packets, bytes)
+		}
+	}
+	return strings.Join(words, " ")
 }
 
 func hex32(v uint32) string { return fmt.Sprintf("0x%08x", v) }

@@ -2,6 +2,7 @@ package nft_test
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/nftredir/nftredir/internal/golden"
@@ -71,5 +72,24 @@ func TestBuildGolden(t *testing.T) {
 			// register can change under the same words); this does.
 			golden.Check(t, tc.name+".bytecode", rs.Bytecode())
 		})
+	}
+}
+
+// TestWithoutCounters: the comparison ruleset of the benchmark is the
+// same rules without their counters, and a table of its own (digest).
+func TestWithoutCounters(t *testing.T) {
+	rs, err := nft.Build(nft.DefaultSpec("0b6f3c1e-pod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bare, err := rs.WithoutCounters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bare.Digest == rs.Digest {
+		t.Error("the ruleset without counters has the same digest")
+	}
+	if got, want := bare.String(), strings.ReplaceAll(strings.ReplaceAll(rs.String(), " counter packets 0 bytes 0", ""), rs.Digest, bare.Digest); got != want {
+		t.Errorf("without counters:\n%s\nwant\n%s", got, want)
 	}
 }

@@ -79,7 +79,7 @@ func TestVerifySeesCaptureRuleEdited(t *testing.T) {
 		{"inbound HBONE tproxy", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", fmt.Sprintf("tproxy ip to 127.0.0.1:%d", defaults.HBONEPort)},
 		{"inbound HBONE tproxy v6", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", fmt.Sprintf("tproxy ip6 to [::1]:%d", defaults.HBONEPort)},
 		{"inbound tproxy to destination", destination, "mangle-prerouting", fmt.Sprintf("tproxy to :%d", defaults.InboundPort)},
-		{"inbound fail-closed drop", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", "meta l4proto tcp drop"},
+		{"inbound fail-closed drop", nft.DefaultSpec("0b6f3c1e-pod"), "mangle-prerouting", "meta l4proto tcp counter packets 0 bytes 0 drop"},
 		{"REDIRECT-mode inbound nat", redirect, "nat-prerouting", fmt.Sprintf("redirect to :%d", defaults.InboundPort)},
 		{"REDIRECT-mode outbound", redirect, "nat-output", fmt.Sprintf("redirect to :%d", defaults.OutboundPort)},
 	} {
@@ -126,7 +126,8 @@ func TestVerifySeesCaptureRuleEdited(t *testing.T) {
 }
 
 // TestVerifyShowsForeignExpression: an expression nftredir never writes
-// (a counter) is shown in Verify's text, not hidden, and is drift.
+// (nftrace set, between the counter and the redirect) is shown in
+// Verify's text, not hidden, and is drift.
 func TestVerifyShowsForeignExpression(t *testing.T) {
 	requireRoot(t)
 	n, h := scratchNetns(t)
@@ -140,17 +141,17 @@ func TestVerifyShowsForeignExpression(t *testing.T) {
 	}
 	handle, _ := ruleHandle(t, n, "nat-output", fmt.Sprintf("redirect to :%d", defaults.OutboundPort))
 	n.Nft(t, "replace", "rule", "inet", nft.TableName, "nat-output", "handle", handle,
-		"meta", "l4proto", "tcp", "counter", "redirect", "to", fmt.Sprintf(":%d", defaults.OutboundPort), "comment", fmt.Sprintf("%q", rs.Comment()))
+		"meta", "l4proto", "tcp", "counter", "meta", "nftrace", "set", "1", "redirect", "to", fmt.Sprintf(":%d", defaults.OutboundPort), "comment", fmt.Sprintf("%q", rs.Comment()))
 	st, text, err := a.Verify(context.Background(), h, rs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st != nft.StatusDrifted {
-		t.Errorf("Verify with a counter in the outbound rule = %s, want drifted\n%s", st, text)
+		t.Errorf("Verify with nftrace in the outbound rule = %s, want drifted\n%s", st, text)
 	}
-	want := "\t\tmeta l4proto tcp [expr counter "
+	want := "\t\tmeta l4proto tcp counter packets 0 bytes 0 [expr immediate "
 	if chain := chainText(text, "nat-output"); !strings.Contains(chain, want) || !strings.Contains(chain, fmt.Sprintf("] redirect to :%d comment", defaults.OutboundPort)) {
-		t.Errorf("Verify's text does not show the counter between the known words:\n%s", text)
+		t.Errorf("Verify's text does not show the foreign expressions between the known words:\n%s", text)
 	}
 }
 

@@ -231,7 +231,7 @@ func compare(lt *nftlive.Table, rs *Ruleset) []string {
 
 // text renders the live table the way `nft list table` prints it. A rule
 // that is exactly rs's (every expression and the comment) is printed with
-// rs's text; any other is read back from its expressions (see vocabulary),
+// rs's text and the kernel's counter values; any other is read back from its expressions (see vocabulary),
 // so the listing shows what the kernel holds, never what was meant.
 // inSync says compare found nothing, so every rule is known to be rs's.
 func text(lt *nftlive.Table, rs *Ruleset, inSync bool) string {
@@ -259,7 +259,7 @@ func text(lt *nftlive.Table, rs *Ruleset, inSync bool) string {
 		for j, lr := range lc.Rules {
 			var rt string
 			if wc != nil && j < len(wc.Rules) && (inSync || ruleMatches(lr, &wc.Rules[j], comment)) {
-				rt = wc.Rules[j].Text
+				rt = wc.Rules[j].countedText(lr.Exprs)
 			} else {
 				if dict == nil {
 					dict = newVocabulary(rs)

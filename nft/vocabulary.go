@@ -51,6 +51,13 @@ func (v *vocabulary) render(exprs []nftlive.Expr) string {
 	canon := nftlive.CanonicalAll(exprs)
 	var words []string
 	for i := 0; i < len(canon); {
+		if packets, bytes, ok := nftlive.CounterValues(exprs[i]); ok {
+			// Counters compare equal whatever they counted; show what
+			// this one did.
+			words = append(words, counterText(packets, bytes))
+			i++
+			continue
+		}
 		n := 0
 		for k := min(v.longest, len(canon)-i); k > 0; k-- {
 			if t, ok := v.words[strings.Join(canon[i:i+k], "\x01")]; ok {

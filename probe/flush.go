@@ -82,6 +82,9 @@ func (r *round) wait(ctx context.Context) error {
 // how many batches were sent, and how many element changes they carried.
 type counters struct {
 	reads, batches, elements atomic.Int64
+	// repairs counts batches that restored what someone else changed
+	// (see Repairs); the daemon exports it.
+	repairs atomic.Int64
 }
 
 // mode is how a batch is planned.
@@ -220,6 +223,7 @@ func (m *Manager) commit(what string, md mode) (err error) {
 			return err
 		}
 		var l *live
+		damaged := false
 		if read {
 			m.stats.reads.Add(1)
 			if l, err = readLive(c, m.kfd, m.rs); err != nil {
@@ -228,11 +232,18 @@ func (m *Manager) commit(what string, md mode) (err error) {
 			}
 		}
 		m.mu.Lock()
+		if l != nil && m.installed {
+			// Once the table was ours, a skeleton out of place or
+			// elements other than those committed were changed behind
+			// the Manager's back: a flush of the ruleset, a firewall
+			// reload, an operator.
+			damaged = len(l.problems(m.rs)) > 0 || !maps.Equal(l.elems, m.applied)
+		}
 		b, s := m.planLocked(l, md == modeExact)
 		m.mu.Unlock()
 		if b.empty() {
 			m.mu.Lock()
-			m.synced = true
+			m.synced, m.installed = true, true
 			m.mu.Unlock()
 			return nil
 		}
@@ -248,8 +259,12 @@ func (m *Manager) commit(what string, md mode) (err error) {
 		m.mu.Lock()
 		if err == nil {
 			m.appliedLocked(s)
-			m.synced = true
+			m.synced, m.installed = true, true
 			m.mu.Unlock()
+			if damaged {
+				m.stats.repairs.Add(1)
+				m.log.Warn("node probe table was changed by someone else; restored", "op", what, "netns", m.path)
+			}
 			b.log(m.log.With("op", what, "netns", m.path))
 			return nil
 		}

@@ -85,6 +85,9 @@ type Manager struct {
 	// synced: applied and the skeleton were read from the kernel and no
 	// batch failed since, so a batch need not read the kernel first.
 	synced bool
+	// installed: the table has been in place since a batch of ours (or a
+	// reading that found it right), so finding it otherwise is a repair.
+	installed bool
 	// next is the round that will carry the changes made since the last
 	// batch was planned; nil when there are none to wait for.
 	next *round
@@ -155,6 +158,13 @@ func (m *Manager) Addresses() int {
 	defer m.mu.Unlock()
 	return len(m.applied)
 }
+
+// Repairs counts the batches that restored the table after someone else
+// changed it (the table, a set, the chain or an element of an enrolled
+// pod: `nft flush ruleset`, a firewall reload that flushes everything),
+// found by Ensure or Reconcile, or after a refused batch. Creating the
+// table the first time is not a repair.
+func (m *Manager) Repairs() int64 { return m.stats.repairs.Load() }
 
 // Ruleset is the skeleton the Manager keeps in place.
 func (m *Manager) Ruleset() *Ruleset { return m.rs }
@@ -287,7 +297,7 @@ func (m *Manager) Uninstall(ctx context.Context) error {
 	defer m.unlockKernel()
 	m.mu.Lock()
 	m.intent = newIntent()
-	m.want, m.applied, m.dirty, m.synced = newElemIndex(nil), map[netip.Addr]string{}, map[netip.Addr]struct{}{}, false
+	m.want, m.applied, m.dirty, m.synced, m.installed = newElemIndex(nil), map[netip.Addr]string{}, map[netip.Addr]struct{}{}, false, false
 	if r := m.next; r != nil {
 		m.next = nil
 		r.finish(errors.New("node probe table uninstalled"))

@@ -123,11 +123,11 @@ func Build(s Spec) (*Ruleset, error) {
 		Chain: Chain{Name: ChainName, Type: nftables.ChainTypeNAT, Hook: nftables.ChainHookPostrouting, Priority: srcnat},
 	}
 	if s.SourceV4.IsValid() {
-		// nft: meta l4proto tcp meta skuid 0 ip daddr @pod-ips-v4 snat ip to 169.254.7.127
+		// nft: meta l4proto tcp meta skuid 0 ip daddr @pod-ips-v4 counter snat ip to 169.254.7.127
 		rs.Chain.Rules = append(rs.Chain.Rules, snatRule(s.KubeletUID, SetV4, s.SourceV4))
 	}
 	if s.SourceV6.IsValid() {
-		// nft: meta l4proto tcp meta skuid 0 ip6 daddr @pod-ips-v6 snat ip6 to fd16:...
+		// nft: meta l4proto tcp meta skuid 0 ip6 daddr @pod-ips-v6 counter snat ip6 to fd16:...
 		rs.Chain.Rules = append(rs.Chain.Rules, snatRule(s.KubeletUID, SetV6, s.SourceV6))
 	}
 	if err := rs.encode(); err != nil {
@@ -185,10 +185,13 @@ func snatRule(uid uint32, set string, source netip.Addr) Rule {
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{nfproto}},
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: uint32(len(addr))},
 			&expr.Lookup{SourceRegister: 1, SetName: set},
+			// Counts the probes SNATed: whether the kubelet's probes
+			// reach this rule at all is the first question when they fail.
+			&expr.Counter{},
 			&expr.Immediate{Register: 1, Data: addr},
 			&expr.NAT{Type: expr.NATTypeSourceNAT, Family: natFamily, RegAddrMin: 1, RegAddrMax: 1},
 		},
-		Text: fmt.Sprintf("meta l4proto tcp meta skuid %d %s daddr @%s snat %s to %s", uid, word, set, word, source),
+		Text: fmt.Sprintf("meta l4proto tcp meta skuid %d %s daddr @%s counter packets 0 bytes 0 snat %s to %s", uid, word, set, word, source),
 	}
 }
 

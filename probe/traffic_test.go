@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"regexp"
 	"testing"
 
 	"github.com/nftredir/nftredir/internal/nstest"
@@ -105,6 +106,16 @@ func TestProbeTraffic(t *testing.T) {
 				t.Fatal(err)
 			}
 			captured(t, r, a)
+
+			// The probe rule of this family counted the kubelet's SYN,
+			// and counting is not drift.
+			word := map[bool]string{false: "ip daddr", true: "ip6 daddr"}[v6]
+			if !regexp.MustCompile(word + ` @pod-ips-v[46] counter packets [1-9][0-9]* bytes [1-9]`).MatchString(listTable(t, node)) {
+				t.Errorf("the %s probe rule counted nothing:\n%s", word, listTable(t, node))
+			}
+			if p, err := m.Problems(ctx); err != nil || len(p) > 0 {
+				t.Errorf("Problems with moved counters = %v, %v; want none", p, err)
+			}
 
 			if err := m.Remove(ctx, podA); err != nil {
 				t.Fatal(err)

@@ -37,6 +37,8 @@ const (
 	phDelete    = "delete record"
 	phProbeDel  = "node probe set: remove the pod's address"
 	phAddTotal  = "AddPod's steps together, per pod"
+	phCounted   = "nft table, counters on every rule (alternating)"
+	phUncounted = "nft table without counters (alternating)"
 	phForkExec  = "fork+exec: ip netns exec NS true"
 	phForkExec2 = "fork+exec: ip -n NS rule show"
 )
@@ -177,6 +179,9 @@ func (b *bench) phases(ctx context.Context, d *daemon) (map[string][]time.Durati
 			return nil, err
 		}
 	}
+	if err := b.counterCost(ctx, timed); err != nil {
+		return nil, err
+	}
 	for _, name := range names[:min(len(names), 20)] {
 		if err := timed(phForkExec, exec.Command("ip", "netns", "exec", name, "true").Run); err != nil {
 			return nil, err
@@ -186,6 +191,47 @@ func (b *bench) phases(ctx context.Context, d *daemon) (map[string][]time.Durati
 		}
 	}
 	return out, nil
+}
+
+// counterCost times the pod table with and without its rules' counters
+// on fresh namespaces, alternating which goes first so that neither gets
+// a warmer kernel: what the counters cost an AddPod, measured in this run.
+func (b *bench) counterCost(ctx context.Context, timed func(string, func() error) error) error {
+	rs, err := nft.Build(nft.DefaultSpec("counter-cost"))
+	if err != nil {
+		return err
+	}
+	bare, err := rs.WithoutCounters()
+	if err != nil {
+		return err
+	}
+	names, err := b.pool.create(2*b.cfg.phasePods, "pc")
+	if err != nil {
+		return err
+	}
+	defer b.pool.remove(names)
+	applier := nft.NewNetlink()
+	for i := 0; i+1 < len(names); i += 2 {
+		pair := []struct {
+			name string
+			rs   *nft.Ruleset
+		}{{phCounted, rs}, {phUncounted, bare}}
+		if i/2%2 == 1 {
+			pair[0], pair[1] = pair[1], pair[0]
+		}
+		for j, p := range pair {
+			h, err := b.guard.Open(nsPath(names[i+j]))
+			if err != nil {
+				return err
+			}
+			err = timed(p.name, func() error { return applier.Apply(ctx, h, p.rs) })
+			h.Close()
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 type phaseStep struct {

@@ -53,6 +53,7 @@ func setSources(m *metrics.Metrics, pods *lifecycle.Manager, zs *zdsServing, pt 
 	}
 	if pm, ok := pt.(*probe.Manager); ok {
 		src.ProbeAddresses = pm.Addresses
+		src.ProbeRepairs = pm.Repairs
 	}
 	if u != nil {
 		src.TaintRemovals = u.Removed

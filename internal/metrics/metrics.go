@@ -41,6 +41,9 @@ type Sources struct {
 	// TaintRemovals counts the readiness taints the daemon removed from
 	// its node (0 or 1 in a daemon's life).
 	TaintRemovals func() int
+	// ProbeRepairs counts the node probe table's repairs after someone
+	// else changed it.
+	ProbeRepairs func() int64
 	// Discovery returns the Kubernetes agent's counters of running pods
 	// whose namespace it looked for among the runtime's pins.
 	Discovery func() Discovery
@@ -273,12 +276,14 @@ var (
 		"Pods the enrolment policy selects that are not enrolled because their network namespace could not be proven; retried.", nil, nil)
 	pinScansDesc = prometheus.NewDesc(namespace+"_kube_pin_scans_total",
 		"Scans of the runtime's network namespace pins.", nil, nil)
+	probeRepairsDesc = prometheus.NewDesc(namespace+"_probe_table_repairs_total",
+		"Times the node probe table (table, sets, chain or an enrolled pod's address) was found changed by someone else and restored.", nil, nil)
 	pinScanSecondsDesc = prometheus.NewDesc(namespace+"_kube_pin_scan_seconds_total",
 		"Time spent scanning the runtime's network namespace pins.", nil, nil)
 )
 
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{podsDesc, zdsConnectedDesc, zdsAcksDesc, zdsNacksDesc, zdsAckTimeoutsDesc, zdsProtocolErrorsDesc, probeDesc, taintDesc, discoveriesDesc, unprovenDesc, pinScansDesc, pinScanSecondsDesc} {
+	for _, d := range []*prometheus.Desc{podsDesc, zdsConnectedDesc, zdsAcksDesc, zdsNacksDesc, zdsAckTimeoutsDesc, zdsProtocolErrorsDesc, probeDesc, taintDesc, discoveriesDesc, unprovenDesc, pinScansDesc, pinScanSecondsDesc, probeRepairsDesc} {
 		ch <- d
 	}
 }
@@ -305,6 +310,9 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if src.TaintRemovals != nil {
 		ch <- prometheus.MustNewConstMetric(taintDesc, prometheus.CounterValue, float64(src.TaintRemovals()))
+	}
+	if src.ProbeRepairs != nil {
+		ch <- prometheus.MustNewConstMetric(probeRepairsDesc, prometheus.CounterValue, float64(src.ProbeRepairs()))
 	}
 	if src.Discovery != nil {
 		d := src.Discovery()

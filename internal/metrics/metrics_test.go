@@ -38,6 +38,7 @@ func TestScrapeTimeSources(t *testing.T) {
 		EnrolledPods:   func() (int, error) { return pods, nil },
 		ZDS:            func() zds.Stats { return zds.Stats{Connected: 1, Acks: 7, Nacks: 2} },
 		ProbeAddresses: func() int { return 4 },
+		ProbeRepairs:   func() int64 { return 2 },
 	})
 	pods = 3
 	const want = `
@@ -47,6 +48,9 @@ nftredir_pods_enrolled 3
 # HELP nftredir_probe_table_addresses Pod addresses in the node probe table's sets.
 # TYPE nftredir_probe_table_addresses gauge
 nftredir_probe_table_addresses 4
+# HELP nftredir_probe_table_repairs_total Times the node probe table (table, sets, chain or an enrolled pod's address) was found changed by someone else and restored.
+# TYPE nftredir_probe_table_repairs_total counter
+nftredir_probe_table_repairs_total 2
 # HELP nftredir_zds_acks_total ZDS messages the node proxy acknowledged.
 # TYPE nftredir_zds_acks_total counter
 nftredir_zds_acks_total 7
@@ -58,7 +62,7 @@ nftredir_zds_nacks_total 2
 nftredir_zds_proxies_connected 1
 `
 	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want),
-		"nftredir_pods_enrolled", "nftredir_probe_table_addresses", "nftredir_zds_acks_total", "nftredir_zds_nacks_total", "nftredir_zds_proxies_connected"); err != nil {
+		"nftredir_pods_enrolled", "nftredir_probe_table_addresses", "nftredir_probe_table_repairs_total", "nftredir_zds_acks_total", "nftredir_zds_nacks_total", "nftredir_zds_proxies_connected"); err != nil {
 		t.Error(err)
 	}
 	m.ObserveReconcile(lifecycle.ReconcileResult{InSync: 5, Repaired: 2}, 0)

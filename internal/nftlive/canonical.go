@@ -52,7 +52,11 @@ var nested = map[string][]uint16{
 //     set and never dumps (the library always sends it); an absent
 //     NFTA_LOOKUP_FLAGS is 0, which the kernel dumps;
 //   - nat: with an address register the kernel sets NF_NAT_RANGE_MAP_IPS
-//     in the flags it dumps.
+//     in the flags it dumps;
+//   - counter: the kernel dumps what it counted, we send zeros; only the
+//     counter's presence is compared (its values, and the padding the
+//     kernel may add before them, are dropped), so traffic is never
+//     drift but a rule that lost its counter is.
 //
 // Everything else (every register, key, offset, length, value, verdict
 // and the expression's name) must be byte-identical. Data that does not
@@ -140,6 +144,8 @@ func kernelDefaults(name string, attrs []tlv) []tlv {
 				attrs = append(attrs, tlv{unix.NFTA_NAT_FLAGS, be32(unix.NF_NAT_RANGE_MAP_IPS)})
 			}
 		}
+	case "counter":
+		attrs = attrs[:0]
 	case "socket":
 		if k := find(attrs, nftaSocketKey); k >= 0 && !slices.Equal(attrs[k].data, be32(nftSocketCgroup)) {
 			if i := find(attrs, nftaSocketLevel); i >= 0 {
@@ -175,4 +181,29 @@ func Raw(e Expr) string {
 	}
 	sb.WriteString("]")
 	return sb.String()
+}
+
+// CounterValues returns the packets and bytes a counter expression holds;
+// ok is false for any other expression or a malformed one.
+func CounterValues(e Expr) (packets, bytes uint64, ok bool) {
+	if e.Name != "counter" {
+		return 0, 0, false
+	}
+	var buf [3]tlv
+	attrs, parsed := parseTLVs(e.Data, buf[:0])
+	if !parsed {
+		return 0, 0, false
+	}
+	for _, a := range attrs {
+		if len(a.data) != 8 {
+			continue
+		}
+		switch a.typ & typeMask {
+		case unix.NFTA_COUNTER_PACKETS:
+			packets, ok = binary.BigEndian.Uint64(a.data), true
+		case unix.NFTA_COUNTER_BYTES:
+			bytes, ok = binary.BigEndian.Uint64(a.data), true
+		}
+	}
+	return packets, bytes, ok
 }

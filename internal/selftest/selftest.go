@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"reflect"
 	"runtime"
 	"strings"
@@ -53,13 +54,16 @@ type Check struct {
 	// Modules are the kernel modules (or build options) that provide it,
 	// the first being the one to load.
 	Modules []string
-	run     func(ctx context.Context, ns *scratch) error
+	// Remedy, when set, is the hint for a failure that no module fixes.
+	Remedy string
+	run    func(ctx context.Context, ns *scratch) error
 }
 
 // Result is the outcome of one Check.
 type Result struct {
 	Name    string
 	Modules []string
+	Remedy  string
 	// Err is nil when the kernel accepted what the check programmed.
 	Err      error
 	Duration time.Duration
@@ -67,6 +71,9 @@ type Result struct {
 
 // Hint is the remedy printed with a failure.
 func (r Result) Hint() string {
+	if r.Remedy != "" {
+		return r.Remedy
+	}
 	if len(r.Modules) == 0 {
 		return ""
 	}
@@ -105,7 +112,7 @@ func Run(ctx context.Context, checks []Check) ([]Result, error) {
 		}
 		start := time.Now()
 		err := c.run(ctx, ns)
-		r := Result{Name: c.Name, Modules: c.Modules, Err: err, Duration: time.Since(start)}
+		r := Result{Name: c.Name, Modules: c.Modules, Remedy: c.Remedy, Err: err, Duration: time.Since(start)}
 		results = append(results, r)
 		if err != nil {
 			failed = append(failed, r)
@@ -123,6 +130,10 @@ type scratch struct {
 	fd   int
 	path string
 	h    *netns.Handle
+	// srcValidMark names the net.ipv4.conf.{all,default}.src_valid_mark
+	// set in the new namespace: what a pod's namespace copies from the
+	// node by default (net.core.devconf_inherit_init_net=0).
+	srcValidMark []string
 }
 
 // newScratch makes a namespace on a thread of its own, keeps an fd to it,
@@ -151,7 +162,7 @@ func newScratch() (*scratch, error) {
 	if r.err != nil {
 		return nil, r.err
 	}
-	ns := &scratch{fd: r.fd, path: fmt.Sprintf("/proc/self/fd/%d", r.fd)}
+	ns := &scratch{fd: r.fd, path: fmt.Sprintf("/proc/self/fd/%d", r.fd), srcValidMark: r.srcValidMark}
 	// Opened through the guard like a pod's namespace, so the pod code
 	// paths run unchanged; the guard also proves this is not the node's.
 	g, err := netns.NewGuard()
@@ -201,6 +212,7 @@ func (ns *scratch) apply(name string, ch nft.Chain, rules ...nft.Rule) error {
 // a failure names the missing piece, then the complete rulesets exactly as
 // a pod and the node get them.
 func Checks(cfg Config) ([]Check, error) {
+	defaultMode := cfg.Spec.Mode
 	spec := cfg.Spec
 	spec.PodID = "selftest"
 	spec.CaptureDNS = true
@@ -239,7 +251,30 @@ func Checks(cfg Config) ([]Check, error) {
 	if cfg.Probe != nil {
 		checks = append(checks, probeCheck(*cfg.Probe))
 	}
+	if defaultMode == nft.ModeTProxy {
+		checks = append(checks, srcValidMarkCheck())
+	}
 	return checks, nil
+}
+
+// srcValidMarkCheck fails where TPROXY capture cannot work: with
+// src_valid_mark set, source validation looks the client's address up
+// with the packet's mark, the tproxy mark leads to the local route of the
+// pods' table 100, and every tproxied SYN is dropped as martian
+// (istio#52576; e2e TestSrcValidMark shows it with real TCP). New pod
+// namespaces copy the node's value, as the scratch namespace does. It is
+// checked only when TPROXY is the daemon's default mode.
+func srcValidMarkCheck() Check {
+	return Check{
+		Name:   "TPROXY source validation",
+		Remedy: "TPROXY capture drops every inbound connection on this node; run with --capture-mode redirect (or set src_valid_mark=0)",
+		run: func(_ context.Context, ns *scratch) error {
+			if len(ns.srcValidMark) > 0 {
+				return fmt.Errorf("%s is 1 in a new network namespace, as pods get it", strings.Join(ns.srcValidMark, " and "))
+			}
+			return nil
+		},
+	}
 }
 
 // chainCheck creates an empty base chain of type t.
@@ -364,8 +399,9 @@ func loUp() error {
 }
 
 type scratchResult struct {
-	fd  int
-	err error
+	fd           int
+	err          error
+	srcValidMark []string
 }
 
 // unshareScratch runs as its own goroutine, which ends with its thread
@@ -373,20 +409,27 @@ type scratchResult struct {
 func unshareScratch(ch chan<- scratchResult) {
 	runtime.LockOSThread()
 	if unix.Gettid() == unix.Getpid() {
-		ch <- scratchResult{-1, errors.New("create a scratch network namespace: would move the main thread")}
+		ch <- scratchResult{fd: -1, err: errors.New("create a scratch network namespace: would move the main thread")}
 		return
 	}
 	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-		ch <- scratchResult{-1, fmt.Errorf("create a scratch network namespace: %w", err)}
+		ch <- scratchResult{fd: -1, err: fmt.Errorf("create a scratch network namespace: %w", err)}
 		return
 	}
 	if err := loUp(); err != nil {
-		ch <- scratchResult{-1, err}
+		ch <- scratchResult{fd: -1, err: err}
 		return
+	}
+	// /proc/sys/net shows the namespace of the thread that opens it.
+	var marks []string
+	for _, conf := range []string{"all", "default"} {
+		if b, err := os.ReadFile("/proc/sys/net/ipv4/conf/" + conf + "/src_valid_mark"); err == nil && strings.TrimSpace(string(b)) != "0" {
+			marks = append(marks, "net.ipv4.conf."+conf+".src_valid_mark")
+		}
 	}
 	fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		err = fmt.Errorf("open the scratch network namespace: %w", err)
 	}
-	ch <- scratchResult{fd, err}
+	ch <- scratchResult{fd, err, marks}
 }

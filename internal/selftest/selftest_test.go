@@ -10,6 +10,7 @@ import (
 	"github.com/google/nftables"
 
 	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/nft"
 )
 
 // TestPassesHere runs the real checks against this machine's kernel, which
@@ -35,7 +36,7 @@ func TestPassesHere(t *testing.T) {
 	}
 	// The features the issue names must each have been checked on their
 	// own, not only inside a whole ruleset.
-	for _, want := range []string{"tproxy", "socket", "redirect", "conntrack (ct state, ct mark)", "nat chains", "policy routing", "pod table (TPROXY mode)", "pod table (REDIRECT mode)", "node probe table (sets, snat, meta skuid)"} {
+	for _, want := range []string{"tproxy", "socket", "redirect", "conntrack (ct state, ct mark)", "nat chains", "policy routing", "pod table (TPROXY mode)", "pod table (REDIRECT mode)", "node probe table (sets, snat, meta skuid)", "TPROXY source validation"} {
 		if !strings.Contains("\n"+strings.Join(names, "\n")+"\n", "\n"+want+"\n") {
 			t.Errorf("no check %q among %q", want, names)
 		}
@@ -96,5 +97,37 @@ func TestChecksCoverTheRulesetsExpressions(t *testing.T) {
 	bad.Spec.OutboundPort = 0
 	if _, err := Checks(bad); err == nil {
 		t.Error("an invalid spec built checks")
+	}
+}
+
+// TestSrcValidMarkRefusesTProxy: where new namespaces get src_valid_mark=1
+// (e2e TestSrcValidMark shows TPROXY dropping every inbound connection
+// then), the check fails naming the sysctl and the way out; it is not run
+// when REDIRECT is the default mode. The kernel side cannot be staged
+// here: new namespaces copy the machine's own value, which tests never
+// change.
+func TestSrcValidMarkRefusesTProxy(t *testing.T) {
+	c := srcValidMarkCheck()
+	err := c.run(context.Background(), &scratch{srcValidMark: []string{"net.ipv4.conf.all.src_valid_mark"}})
+	if err == nil || !strings.Contains(err.Error(), "net.ipv4.conf.all.src_valid_mark is 1") {
+		t.Errorf("check with src_valid_mark set: %v; want it named", err)
+	}
+	e := &Error{Failed: []Result{{Name: c.Name, Remedy: c.Remedy, Err: err}}}
+	if !strings.Contains(e.Error(), "--capture-mode redirect") {
+		t.Errorf("failure %q does not say how to run on this node", e.Error())
+	}
+	if err := c.run(context.Background(), &scratch{}); err != nil {
+		t.Errorf("check without src_valid_mark: %v", err)
+	}
+	cfg := DefaultConfig()
+	cfg.Spec.Mode = nft.ModeRedirect
+	checks, err := Checks(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range checks {
+		if c.Name == "TPROXY source validation" {
+			t.Error("checked for TPROXY with REDIRECT the default mode")
+		}
 	}
 }

@@ -76,6 +76,38 @@ func Dial(t testing.TB, path string) *Peer {
 	return p
 }
 
+// Connect is Dial that returns its error instead of failing the test,
+// for proxies run on goroutines of their own (where t.Fatal must not be
+// called). The connection is closed when the test ends.
+func Connect(t testing.TB, path string) (*Peer, error) {
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { c.Close() })
+	return &Peer{t: t, c: c}, nil
+}
+
+// Write sends one packet and returns the error, for the same proxies.
+func (p *Peer) Write(raw []byte) error {
+	_, err := p.c.Write(raw)
+	return err
+}
+
+// AckMsg encodes WorkloadResponse{ack: Ack{error: errMsg}}.
+func AckMsg(errMsg string) []byte {
+	var ack []byte
+	if errMsg != "" {
+		ack = protowire.AppendTag(ack, 1, protowire.BytesType)
+		ack = protowire.AppendString(ack, errMsg)
+	}
+	b := protowire.AppendTag(nil, 1, protowire.BytesType)
+	return protowire.AppendBytes(b, ack)
+}
+
+// CloseFds closes the fds a request brought, for callers of Recv.
+func CloseFds(r Request) { closeFds(r.Fds) }
+
 // Close hangs up, as a proxy that exits does.
 func (p *Peer) Close() { p.c.Close() }
 
@@ -104,13 +136,7 @@ func (p *Peer) Hello() {
 // Ack answers the last request; a non-empty errMsg is a NACK.
 func (p *Peer) Ack(errMsg string) {
 	p.t.Helper()
-	var ack []byte
-	if errMsg != "" {
-		ack = protowire.AppendTag(ack, 1, protowire.BytesType)
-		ack = protowire.AppendString(ack, errMsg)
-	}
-	b := protowire.AppendTag(nil, 1, protowire.BytesType)
-	p.Send(protowire.AppendBytes(b, ack))
+	p.Send(AckMsg(errMsg))
 }
 
 // Recv reads one request with any fds that came with it; the caller owns
