@@ -22,6 +22,7 @@ import (
 	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/internal/golden"
 	"github.com/nftredir/nftredir/internal/helmbin"
+	"github.com/nftredir/nftredir/kube"
 )
 
 const (
@@ -95,6 +96,7 @@ type manifests struct {
 	accounts     []corev1.ServiceAccount
 	roles        []rbacv1.ClusterRole
 	bindings     []rbacv1.ClusterRoleBinding
+	nsRoles      []rbacv1.Role
 	roleBindings []rbacv1.RoleBinding
 	quotas       []corev1.ResourceQuota
 }
@@ -133,6 +135,8 @@ func decode(t *testing.T, rendered string) *manifests {
 			m.roles = append(m.roles, strict[rbacv1.ClusterRole](t, b))
 		case "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
 			m.bindings = append(m.bindings, strict[rbacv1.ClusterRoleBinding](t, b))
+		case "rbac.authorization.k8s.io/v1 Role":
+			m.nsRoles = append(m.nsRoles, strict[rbacv1.Role](t, b))
 		case "rbac.authorization.k8s.io/v1 RoleBinding":
 			m.roleBindings = append(m.roleBindings, strict[rbacv1.RoleBinding](t, b))
 		case "v1 ResourceQuota":
@@ -594,6 +598,7 @@ func TestValues(t *testing.T) {
 		"--set", "dnsCapture=true", "--set", "metricsPort=9100", "--set", "logLevel=debug", "--set", "kubeletUID=null",
 		"--set", "priorityClassName=", "--set", "nodeSelector.pool=mesh", "--set", "cni.confName=10-calico.conflist",
 		"--set", "cni.pluginConfig.logLevel=debug", "--set", "resources.nftredird.limits.memory=512Mi",
+		"--set", "readinessTaint=example.com/mesh-not-ready", "--set", "uninstall.releasePods=false",
 	))
 	ds := &m.daemonSets[0]
 	cm := m.configMap(t)
@@ -607,6 +612,8 @@ func TestValues(t *testing.T) {
 		"NFTREDIR_LOG_LEVEL":               "debug",
 		"NFTREDIR_CNI_CONF_NAME":           "10-calico.conflist",
 		"NFTREDIR_CNI_PLUGIN_CONFIG":       "/etc/nftredir/cni/plugin-config.json",
+		"NFTREDIR_READINESS_TAINT":         "example.com/mesh-not-ready",
+		"NFTREDIR_UNINSTALL_RELEASE_PODS":  "false",
 	} {
 		if cm.Data[k] != want {
 			t.Errorf("%s = %q; want %q", k, cm.Data[k], want)
@@ -852,5 +859,78 @@ func TestValuesDocumented(t *testing.T) {
 		if !slices.ContainsFunc(leaves, func(l string) bool { return l == r || strings.HasPrefix(l, r+".") }) {
 			t.Errorf("README row %s names no value of values.yaml", r)
 		}
+	}
+}
+
+// TestUninstallAndTaintRBAC: nodes get and patch (the readiness taint)
+// and no more on nodes; the DaemonSet readable by its release's name
+// only, in the release's namespace, bound to the ServiceAccount; both
+// containers know their pod (Downward API), share the run dir, and the
+// daemon waits for the install step's ready file.
+func TestUninstallAndTaintRBAC(t *testing.T) {
+	for _, name := range []string{"", "mesh-agent"} {
+		t.Run("nameOverride="+name, func(t *testing.T) {
+			m := decode(t, render(t, "--set", "nameOverride="+name))
+			var nodeVerbs []string
+			for _, r := range m.roles {
+				for _, rule := range r.Rules {
+					if slices.Contains(rule.Resources, "nodes") {
+						nodeVerbs = append(nodeVerbs, rule.Verbs...)
+					}
+				}
+			}
+			slices.Sort(nodeVerbs)
+			if !slices.Equal(nodeVerbs, []string{"get", "patch"}) {
+				t.Errorf("ClusterRole verbs on nodes %v; want exactly get and patch", nodeVerbs)
+			}
+			if len(m.nsRoles) != 1 || len(m.roleBindings) != 1 {
+				t.Fatalf("%d Roles, %d RoleBindings; want one each", len(m.nsRoles), len(m.roleBindings))
+			}
+			r, b, ds := m.nsRoles[0], m.roleBindings[0], m.daemonSets[0]
+			if name != "" && ds.Name != name {
+				t.Fatalf("DaemonSet %s; want the nameOverride %s", ds.Name, name)
+			}
+			if r.Namespace != ds.Namespace || b.Namespace != ds.Namespace || b.RoleRef.Kind != "Role" || b.RoleRef.Name != r.Name {
+				t.Errorf("Role %s/%s bound by %s/%s to %v; want the DaemonSet's namespace %s", r.Namespace, r.Name, b.Namespace, b.Name, b.RoleRef, ds.Namespace)
+			}
+			if len(b.Subjects) != 1 || b.Subjects[0].Name != ds.Spec.Template.Spec.ServiceAccountName || b.Subjects[0].Namespace != ds.Namespace {
+				t.Errorf("RoleBinding subjects %v; want the DaemonSet's ServiceAccount", b.Subjects)
+			}
+			if len(r.Rules) != 1 || !slices.Equal(r.Rules[0].Resources, []string{"daemonsets"}) || !slices.Equal(r.Rules[0].ResourceNames, []string{ds.Name}) ||
+				!slices.Equal(r.Rules[0].Verbs, []string{"get", "list", "watch"}) {
+				t.Errorf("Role rules %+v; want get, list, watch on daemonsets named %s", r.Rules, ds.Name)
+			}
+			for _, c := range ds.Spec.Template.Spec.Containers {
+				var pod []string
+				for _, e := range c.Env {
+					if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+						pod = append(pod, e.Name+"="+e.ValueFrom.FieldRef.FieldPath)
+					}
+				}
+				if !slices.Contains(pod, "POD_NAME=metadata.name") || !slices.Contains(pod, "POD_NAMESPACE=metadata.namespace") {
+					t.Errorf("container %s: Downward API env %v; want POD_NAME and POD_NAMESPACE", c.Name, pod)
+				}
+				if !slices.ContainsFunc(c.VolumeMounts, func(v corev1.VolumeMount) bool {
+					return v.Name == "run-nftredir" && v.MountPath == "/run/nftredir"
+				}) {
+					t.Errorf("container %s does not mount the run dir at /run/nftredir: %+v", c.Name, c.VolumeMounts)
+				}
+			}
+			cm := m.configMap(t)
+			for k, want := range map[string]string{
+				"NFTREDIR_READINESS_TAINT":        kube.DefaultReadinessTaint, // the flag's default, one name
+				"NFTREDIR_UNINSTALL_RELEASE_PODS": "true",
+				"NFTREDIR_CNI_BACKUP_DIR":         "/run/nftredir/cni-backup",
+			} {
+				if cm.Data[k] != want {
+					t.Errorf("%s = %q; want %q", k, cm.Data[k], want)
+				}
+			}
+			// The daemon is ready only once the file the install step
+			// writes exists: the same path, in the shared mount.
+			if f := cm.Data["NFTREDIR_CNI_READY_FILE"]; f == "" || f != cm.Data["NFTREDIR_READY_FILE"] || !strings.HasPrefix(f, "/run/nftredir/") {
+				t.Errorf("NFTREDIR_CNI_READY_FILE %q, NFTREDIR_READY_FILE %q; want the same file under /run/nftredir", f, cm.Data["NFTREDIR_READY_FILE"])
+			}
+		})
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -28,6 +29,7 @@ import (
 	"github.com/nftredir/nftredir/internal/kcluster"
 	"github.com/nftredir/nftredir/internal/kubelookup"
 	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/kube"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
@@ -117,6 +119,37 @@ func helmErr(t *testing.T, c *kcluster.Cluster, args ...string) (string, error) 
 		return stdout.String(), fmt.Errorf("helm %s: %v\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
 	}
 	return stdout.String(), nil
+}
+
+// newDSHost makes the node's side of the DaemonSet's hostPaths in the
+// test's temporary directories, and logs the pods' and the plugin's logs
+// if the test fails.
+func newDSHost(t *testing.T, c *kcluster.Cluster) dsHost {
+	t.Helper()
+	tmp := t.TempDir()
+	h := dsHost{
+		run:       filepath.Join(tmp, "run"),
+		ztunnel:   filepath.Join(tmp, "ztunnel"),
+		cniBinLib: filepath.Join(tmp, "cni-lib"),
+		cniData:   filepath.Join(tmp, "cni-data"),
+		cniLog:    filepath.Join(tmp, "cni.log"),
+	}
+	// There before the pod, as a node's own directories are: the install
+	// step copies the plugin into both bin dirs.
+	for _, d := range []string{h.run, h.ztunnel, h.cniBinLib} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("DaemonSet pods' logs:\n%s", dsLogs(c))
+			if b, err := os.ReadFile(h.cniLog); err == nil {
+				t.Logf("nftredir-cni log:\n%s", b)
+			}
+		}
+	})
+	return h
 }
 
 // dsPods are the DaemonSet's pods that are not being deleted.
@@ -243,8 +276,9 @@ func criHasPlugin(ctx context.Context, rs runtimeapi.RuntimeServiceClient) (bool
 }
 
 // rewriteConflist replaces the primary network with bridge alone, as a
-// primary CNI's own installer does (write a temporary file, rename).
-func rewriteConflist(t *testing.T, c *kcluster.Cluster) {
+// primary CNI's own installer does (write a temporary file, rename), and
+// returns what it wrote.
+func rewriteConflist(t *testing.T, c *kcluster.Cluster) []byte {
 	t.Helper()
 	b, err := json.MarshalIndent(map[string]any{"cniVersion": c.ConflistVersion, "name": "kcluster", "plugins": []any{c.BridgePlugin()}}, "", "  ")
 	if err != nil {
@@ -257,6 +291,7 @@ func rewriteConflist(t *testing.T, c *kcluster.Cluster) {
 	if err := os.Rename(tmp, filepath.Join(c.CNIConfDir, kcluster.ConflistName)); err != nil {
 		t.Fatal(err)
 	}
+	return b
 }
 
 // scrapeNode fetches /metrics from the daemon's port on the node IP, from the
@@ -342,29 +377,12 @@ func TestK8sDaemonSet(t *testing.T) {
 	}
 	t.Logf("ctr -n k8s.io images ls after ctr images import of the index:\n%s", ls)
 
-	tmp := t.TempDir()
-	h := dsHost{
-		run:       filepath.Join(tmp, "run"),
-		ztunnel:   filepath.Join(tmp, "ztunnel"),
-		cniBinLib: filepath.Join(tmp, "cni-lib"),
-		cniData:   filepath.Join(tmp, "cni-data"),
-		cniLog:    filepath.Join(tmp, "cni.log"),
+	h := newDSHost(t, c)
+	// The primary CNI's own file, which an uninstall must give back.
+	origConf, err := os.ReadFile(filepath.Join(c.CNIConfDir, kcluster.ConflistName))
+	if err != nil {
+		t.Fatal(err)
 	}
-	// There before the pod, as a node's own directories are: the install
-	// step copies the plugin into both bin dirs (the second must exist).
-	for _, d := range []string{h.run, h.ztunnel, h.cniBinLib} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("DaemonSet pods' logs:\n%s", dsLogs(c))
-			if b, err := os.ReadFile(h.cniLog); err == nil {
-				t.Logf("nftredir-cni log:\n%s", b)
-			}
-		}
-	})
 	chart := filepath.Join(bin.Repo, "charts", "nftredir")
 	values := writeDSValues(t, c, h)
 	rendered := helm(t, c, "template", dsRelease, chart, "--namespace", dsNamespace, "-f", values)
@@ -478,6 +496,7 @@ func TestK8sDaemonSet(t *testing.T) {
 	}
 
 	var web *corev1.Pod
+	var webNetns *nstest.Netns
 	top := t
 	t.Run("mesh pod captured", func(t *testing.T) {
 		c.CreateNamespace(t, "mesh", map[string]string{meshLabel: meshEnabled})
@@ -487,7 +506,8 @@ func TestK8sDaemonSet(t *testing.T) {
 			t.Fatalf("record %+v; want mesh/web in containerd's netns", pr)
 		}
 		// Owned by the whole test: it must outlive this step.
-		nstest.StartProxy(top, &nstest.Netns{Name: filepath.Base(pr.GetNetnsPath()), Path: pr.GetNetnsPath()}, rec, nstest.DefaultProxyPorts)
+		webNetns = &nstest.Netns{Name: filepath.Base(pr.GetNetnsPath()), Path: pr.GetNetnsPath()}
+		nstest.StartProxy(top, webNetns, rec, nstest.DefaultProxyPorts)
 		captured(t, web)
 		t.Logf("mesh/web (%s, netns %s) captured: uid %d in the node -> %s:8080 answered by %s", web.UID, pr.GetNetnsPath(), dsClientUID, web.Status.PodIP, nstest.ProxyInbound)
 		// The kubelet's uid bypasses capture through the node table.
@@ -508,6 +528,19 @@ func TestK8sDaemonSet(t *testing.T) {
 		t.Logf("%s terminating: still captured", old)
 		start := time.Now()
 		c.WaitPodGone(t, dsNamespace, old)
+		// A pod restart is not an uninstall: the plugin, its binaries and
+		// the node probe table stay.
+		if types, _ := conflistTypes(t, c); !slices.Contains(types, "nftredir-cni") {
+			t.Fatalf("plugin unchained by a restart of the DaemonSet's pod: %v", types)
+		}
+		for _, d := range []string{c.CNIBinDir, h.cniBinLib} {
+			if _, err := os.Stat(filepath.Join(d, "nftredir-cni")); err != nil {
+				t.Fatalf("plugin binary removed by a restart: %v", err)
+			}
+		}
+		if !strings.Contains(nodeTables(t, c), "table inet nftredir-node") {
+			t.Fatalf("node probe table removed by a restart:\n%s", nodeTables(t, c))
+		}
 		// Between the old daemon's exit and the new one's start nothing
 		// serves the node; the pod's table alone keeps it captured.
 		ready := 0
@@ -536,7 +569,7 @@ func TestK8sDaemonSet(t *testing.T) {
 
 	t.Run("primary CNI rewriting its network is repaired", func(t *testing.T) {
 		start := time.Now()
-		rewriteConflist(t, c)
+		origConf = rewriteConflist(t, c)
 		deadline := start.Add(10 * time.Second)
 		for {
 			types, _ := conflistTypes(t, c)
@@ -584,45 +617,104 @@ func TestK8sDaemonSet(t *testing.T) {
 		t.Logf("curl http://%s:15014/metrics | grep ^nftredir_ | grep -v _bucket:\n%s", c.NodeIP, strings.Join(excerpt, "\n"))
 	})
 
-	t.Run("uninstall removes the plugin and the node table", func(t *testing.T) {
+	t.Run("rolling update keeps capture", func(t *testing.T) {
+		old := daemonPod.Name
+		c.Kubectl(t, "-n", dsNamespace, "rollout", "restart", "daemonset/nftredir")
+		c.Kubectl(t, "-n", dsNamespace, "rollout", "status", "daemonset/nftredir", "--timeout=120s")
+		daemonPod = waitDSPodReady(t, c, old)
+		if types, _ := conflistTypes(t, c); !slices.Contains(types, "nftredir-cni") {
+			t.Fatalf("plugin unchained by a rolling update: %v", types)
+		}
+		if !strings.Contains(nodeTables(t, c), "table inet nftredir-node") {
+			t.Fatalf("node probe table removed by a rolling update:\n%s", nodeTables(t, c))
+		}
+		captured(t, web)
+		inSync(t, web)
+		t.Logf("rolled from %s to %s: plugin chained, mesh/web captured and in sync", old, daemonPod.Name)
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	t.Run("deleting the DaemonSet uninstalls", func(t *testing.T) {
 		if !strings.Contains(nodeTables(t, c), "table inet nftredir-node") {
 			t.Fatalf("no inet nftredir-node in the node before uninstall (NFTREDIR_KUBELET_UID=0 should make it):\n%s", nodeTables(t, c))
 		}
-		// docs/deploy.md's two steps: roll the pods to ones that clean up
-		// when they stop (the settings' checksum changes), then uninstall.
-		t.Logf("helm upgrade --set cleanupOnExit=true:\n%s", helm(t, c, "upgrade", dsRelease, chart, "--namespace", dsNamespace, "--reuse-values",
-			"--set", "cleanupOnExit=true", "--wait", "--timeout", "120s"))
-		c.Kubectl(t, "-n", dsNamespace, "rollout", "status", "daemonset/nftredir", "--timeout=120s")
-		restarted := waitDSPodReady(t, c, daemonPod.Name)
-		t.Logf("restarted as %s with cleanup on exit", restarted.Name)
-		// The restart's old pod exits without cleanup: still chained.
-		if types, _ := conflistTypes(t, c); !slices.Contains(types, "nftredir-cni") {
-			t.Fatalf("plugin gone after the restart alone: %v", types)
+		pods, err := api.ListPods(t.Context())
+		if err != nil || len(pods) == 0 {
+			t.Fatalf("ListPods before uninstall: %v %v", pods, err)
 		}
+		captured(t, web)
+		// One step, as a user takes nftredir off (docs/deploy.md): helm
+		// deletes the DaemonSet, then at once its RBAC and ServiceAccount,
+		// without waiting for the pods to stop.
 		start := time.Now()
 		t.Logf("helm uninstall:\n%s", helm(t, c, "uninstall", dsRelease, "--namespace", dsNamespace, "--wait", "--timeout", "120s"))
 		deadline := time.Now().Add(kcluster.DefaultTimeout)
 		for len(dsAllPods(t, c)) > 0 {
 			if time.Now().After(deadline) {
-				t.Fatalf("DaemonSet pods still there %s after delete", kcluster.DefaultTimeout)
+				t.Fatalf("DaemonSet pods still there %s after helm uninstall", kcluster.DefaultTimeout)
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
-		t.Logf("DaemonSet deleted, pods gone in %s", time.Since(start).Round(time.Millisecond))
-		types, _ := conflistTypes(t, c)
-		if slices.Contains(types, "nftredir-cni") {
-			t.Errorf("plugin still in %s after uninstall: %v", kcluster.ConflistName, types)
+		if _, err := c.Client.AppsV1().DaemonSets(dsNamespace).Get(t.Context(), dsRelease, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("DaemonSet %s/%s after helm uninstall: %v; want NotFound", dsNamespace, dsRelease, err)
+		}
+		t.Logf("DaemonSet deleted, pods gone in %s; %d captured pod(s) before", time.Since(start).Round(time.Millisecond), len(pods))
+		got, err := os.ReadFile(filepath.Join(c.CNIConfDir, kcluster.ConflistName))
+		if err != nil || !bytes.Equal(got, origConf) {
+			t.Errorf("%s after uninstall (%v):\n%s\nwant the primary CNI's bytes:\n%s", kcluster.ConflistName, err, got, origConf)
 		}
 		for _, d := range []string{c.CNIBinDir, h.cniBinLib} {
 			if _, err := os.Lstat(filepath.Join(d, "nftredir-cni")); err == nil {
 				t.Errorf("plugin binary still in %s", d)
 			}
 		}
-		tables := nodeTables(t, c)
-		if strings.Contains(tables, "nftredir-node") {
-			t.Errorf("node table left after uninstall:\n%s", tables)
+		// The plugin's kubeconfig, or anything else, gone from the conf dir.
+		if ents, err := os.ReadDir(c.CNIConfDir); err != nil || len(ents) != 1 {
+			var names []string
+			for _, e := range ents {
+				names = append(names, e.Name())
+			}
+			t.Errorf("%s after uninstall: %v %v; want %s alone", c.CNIConfDir, names, err, kcluster.ConflistName)
 		}
-		t.Logf("after uninstall: %s plugins %v; nft list tables in the node:\n%s", kcluster.ConflistName, types, tables)
+		tables := nodeTables(t, c)
+		if strings.Contains(tables, "nftredir") {
+			t.Errorf("nftredir table left in the node after uninstall:\n%s", tables)
+		}
+		// Records, sockets, markers: nothing of nftredir in its run dir.
+		var left []string
+		filepath.WalkDir(h.run, func(p string, d os.DirEntry, err error) error {
+			if p != h.run {
+				left = append(left, strings.TrimPrefix(p, h.run))
+			}
+			return nil
+		})
+		if len(left) > 0 {
+			t.Errorf("left in /run/nftredir after uninstall: %v", left)
+		}
+		// Captured pods released (the default): their table gone, the
+		// annotation cleared, and they answer directly.
+		if out, err := webNetns.Exec("nft", "list", "tables"); err != nil || strings.Contains(out, "nftredir") {
+			t.Errorf("mesh/web's namespace after uninstall (%v):\n%s", err, out)
+		}
+		// uid 0 bypassed capture through the probe table; another uid
+		// shows it is gone.
+		line := c.Netns.DialAsLine(t, dialer, dsClientUID, netip.AddrPortFrom(mustAddr(t, web.Status.PodIP), 8080))
+		wantDirect(t, line, "web")
+		// The redirection annotation is cleared only while the daemon may
+		// still patch pods: helm uninstall deletes the RBAC right after the
+		// DaemonSet, before its pods stop (docs/deploy.md), so it is logged,
+		// not required.
+		if p, err := c.Client.CoreV1().Pods("mesh").Get(t.Context(), "web", metav1.GetOptions{}); err == nil {
+			t.Logf("mesh/web's %s annotation after uninstall: %q", kube.RedirectionAnnotation, p.Annotations[kube.RedirectionAnnotation])
+		}
+		t.Logf("after uninstall: %s has the primary CNI's %d bytes again, no binary; node tables:\n%s\nmesh/web answers %q", kcluster.ConflistName, len(got), tables, line)
+		// New pods start, in the mesh namespace too, uncaptured.
+		waitCRINetwork(t, c, false)
+		p := m.runPod(t, "mesh", "after")
+		wantDirect(t, m.answer(t, p), "after")
+		t.Logf("new pod mesh/after Ready and answering directly %s after the delete", time.Since(start).Round(time.Millisecond))
 	})
 	t.Logf("TestK8sDaemonSet took %s", time.Since(begin).Round(time.Millisecond))
 }

@@ -9,11 +9,33 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
+
+	"github.com/nftredir/nftredir/internal/podowner"
 )
 
 // NewClient connects to the API server with the kubeconfig at path, or
 // with the pod's service account when path is empty (the DaemonSet).
 func NewClient(path, userAgent string) (kubernetes.Interface, error) {
+	cfg, err := RESTConfig(path, userAgent)
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
+}
+
+// NewOwnerClient asks about the daemon's own pod's DaemonSet with cfg's
+// credentials.
+func NewOwnerClient(cfg *rest.Config) (*podowner.Client, error) {
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return podowner.New(hc, cfg.Host)
+}
+
+// RESTConfig is NewClient's configuration: the kubeconfig at path, or the
+// pod's service account when path is empty.
+func RESTConfig(path, userAgent string) (*rest.Config, error) {
 	var (
 		cfg *rest.Config
 		err error
@@ -30,7 +52,7 @@ func NewClient(path, userAgent string) (kubernetes.Interface, error) {
 	// Protobuf is smaller and cheaper to decode than JSON for pod lists.
 	cfg.ContentType = "application/vnd.kubernetes.protobuf"
 	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
-	return kubernetes.NewForConfig(cfg)
+	return cfg, nil
 }
 
 // RouteKlog sends client-go's own log lines (reflector errors, watch

@@ -94,6 +94,16 @@ type options struct {
 	modeLabel    string
 	modeEnabled  string
 	modeDisabled string
+	// readinessTaint is the NoSchedule taint key removed from the node
+	// once the daemon is ready; "" leaves taints alone.
+	readinessTaint string
+	// podName and podNamespace name the daemon's own pod, whose DaemonSet
+	// is asked at a stop whether this is an uninstall.
+	podName      string
+	podNamespace string
+	// uninstallReleasePods: an uninstall releases every captured pod
+	// (else it leaves their capture and records in place).
+	uninstallReleasePods bool
 
 	// Derived by check.
 	spec    nft.Spec
@@ -128,6 +138,11 @@ one is absent. On --metrics-address it serves HTTP: /healthz (liveness:
 the gRPC server answers), /readyz (readiness: startup reconcile done and
 every --ready-file present) and /metrics (Prometheus, nftredir_*).
 
+In Kubernetes mode it takes --readiness-taint off its node once it is
+ready (as /readyz), and, given its pod (--pod-name, --pod-namespace), a
+stop after its DaemonSet was deleted is an uninstall: captured pods are
+released (--uninstall-release-pods) and the node probe table removed.
+
 Every flag can also be given as an environment variable: NFTREDIR_ plus
 the flag name in upper case with '-' as '_' (--state-dir is
 NFTREDIR_STATE_DIR). A flag on the command line wins over the variable.
@@ -151,6 +166,8 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	}
 	// The Downward API's usual variable; NFTREDIR_NODE_NAME still wins.
 	nodeNameDefault, _ := lookupEnv("NODE_NAME")
+	podNameDefault, _ := lookupEnv("POD_NAME")
+	podNamespaceDefault, _ := lookupEnv("POD_NAMESPACE")
 	fs := flag.NewFlagSet("nftredird", flag.ContinueOnError)
 	// The flag package prints errors and usage itself; keep it quiet and
 	// print usage only for -h, so an error is one clear line.
@@ -201,6 +218,10 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.StringVar(&o.modeLabel, "dataplane-mode-label", kube.DefaultModeLabel, "label `key` on a namespace or pod that selects capture in Kubernetes mode")
 	fs.StringVar(&o.modeEnabled, "dataplane-mode-enabled", kube.DefaultModeEnabled, "label `value` that opts a namespace or pod in")
 	fs.StringVar(&o.modeDisabled, "dataplane-mode-disabled", kube.DefaultModeDisabled, "label `value` that opts a pod out even in an opted-in namespace")
+	fs.StringVar(&o.readinessTaint, "readiness-taint", kube.DefaultReadinessTaint, "Kubernetes mode: `key` of the NoSchedule taint the daemon removes from its node once it serves, its startup reconcile is done and every --ready-file exists (the CNI plugin is chained); never added back; empty leaves taints alone")
+	fs.StringVar(&o.podName, "pod-name", podNameDefault, "Kubernetes mode: this daemon's pod `name` (default: $POD_NAME); with --pod-namespace, a stop asks whether the pod's DaemonSet is being deleted, and if so uninstalls from the node (see --uninstall-release-pods)")
+	fs.StringVar(&o.podNamespace, "pod-namespace", podNamespaceDefault, "Kubernetes mode: this daemon's pod `namespace` (default: $POD_NAMESPACE)")
+	fs.BoolVar(&o.uninstallReleasePods, "uninstall-release-pods", true, "when the DaemonSet is deleted (uninstall): release every captured pod (their tables and routes, the redirection annotation, the records) and remove the node probe table; false leaves captured pods, their records and the probe table as they are")
 	fs.Var(&o.tproxyV4, "tproxy-ipv4", "default `address` TPROXY mode hands inbound TCP to, where the proxy's transparent listeners are looked up (loopback serves loopback-bound and wildcard listeners); empty: none, only wildcard listeners are reached")
 	fs.Var(&o.tproxyV6, "tproxy-ipv6", "default IPv6 TPROXY target `address`; empty: none")
 	fs.Usage = func() {}
@@ -354,6 +375,14 @@ func (o *options) check() error {
 		}
 		if err := o.selector().Validate(); err != nil {
 			bad("--dataplane-mode-*: %v", err)
+		}
+		if o.readinessTaint != "" {
+			if err := kube.ValidateTaintKey(o.readinessTaint); err != nil {
+				bad("--readiness-taint: %v", err)
+			}
+		}
+		if (o.podName == "") != (o.podNamespace == "") {
+			bad("--pod-name and --pod-namespace go together (POD_NAME and POD_NAMESPACE from the Downward API)")
 		}
 	} else if o.kubeconfig != "" {
 		bad("--kubeconfig is for Kubernetes mode; add --kubernetes")

@@ -244,6 +244,42 @@ func TestProbeSNATOnlyWhenAsked(t *testing.T) {
 	}
 }
 
+// The readiness taint defaults to nftredir's key, takes Istio's, is
+// disabled by an empty value and refuses what the API would; the pod's
+// name and namespace come from the Downward API's variables, together.
+func TestFlagReadinessTaintAndPod(t *testing.T) {
+	base := map[string]string{"NODE_NAME": "n1", "NFTREDIR_KUBERNETES": "true"}
+	with := func(kv ...string) func(string) (string, bool) {
+		m := map[string]string{}
+		for k, v := range base {
+			m[k] = v
+		}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return env(m)
+	}
+	o, err := parseFlags(nil, with("POD_NAME", "nftredir-x", "POD_NAMESPACE", "nftredir-system"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.readinessTaint != "nftredir.io/agent-not-ready" || o.podName != "nftredir-x" || o.podNamespace != "nftredir-system" || !o.uninstallReleasePods {
+		t.Errorf("defaults: taint %q pod %s/%s release %v", o.readinessTaint, o.podNamespace, o.podName, o.uninstallReleasePods)
+	}
+	o, err = parseFlags(nil, with("NFTREDIR_READINESS_TAINT", "cni.istio.io/not-ready", "NFTREDIR_UNINSTALL_RELEASE_PODS", "false"), io.Discard)
+	if err != nil || o.readinessTaint != "cni.istio.io/not-ready" || o.uninstallReleasePods {
+		t.Errorf("env twins: %v %+v", err, o)
+	}
+	if o, err := parseFlags([]string{"--readiness-taint="}, with(), io.Discard); err != nil || o.readinessTaint != "" {
+		t.Errorf("empty taint: %v", err)
+	}
+	for _, bad := range [][]string{{"--readiness-taint", "not a key"}, {"--pod-name", "only-name"}} {
+		if _, err := parseFlags(bad, with(), io.Discard); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+}
+
 // TestTakeOverDefaultsToKubernetesMode: foreign capture is taken over by
 // default in Kubernetes mode only; the flag or its variable decide
 // otherwise.

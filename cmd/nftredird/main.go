@@ -16,9 +16,12 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/nftredir/nftredir/capture"
+	"github.com/nftredir/nftredir/internal/health"
 	"github.com/nftredir/nftredir/internal/peercred"
+	"github.com/nftredir/nftredir/internal/podowner"
 	"github.com/nftredir/nftredir/internal/selftest"
 	"github.com/nftredir/nftredir/internal/version"
 	"github.com/nftredir/nftredir/kube"
@@ -85,12 +88,13 @@ func run(args []string, lookupEnv func(string) (string, bool), stderr io.Writer)
 		}
 		return 0
 	}
-	if err := serve(opts, root); err != nil {
+	uninstalled, err := serve(opts, root)
+	if err != nil {
 		root.Error("exiting", "error", err)
 		return 1
 	}
 	root.Info("stopped")
-	if opts.cleanupOnExit {
+	if opts.cleanupOnExit || uninstalled {
 		// After serve, whose deferred Close has sent what was queued.
 		if err := uninstall(opts, root); err != nil {
 			root.Error("cleanup on exit failed", "error", err)
@@ -158,7 +162,10 @@ func newProbe(ctx context.Context, opts *options, root hclog.Logger) (*probe.Man
 // agent bringing pods in line with the API, ZDS serving (so a proxy's
 // first snapshot is the reconciled set), systemd's READY=1, and health
 // SERVING.
-func serve(opts *options, root hclog.Logger) error {
+//
+// It returns true when the stop was an uninstall that released every pod
+// (the caller then removes the node probe table).
+func serve(opts *options, root hclog.Logger) (uninstalled bool, err error) {
 	protect := slices.Clone(opts.protectNetns)
 	if opts.nodeNetns != "" {
 		// A pod path naming the node must be refused like the daemon's
@@ -167,7 +174,7 @@ func serve(opts *options, root hclog.Logger) error {
 	}
 	guard, err := netns.NewGuard(protect...)
 	if err != nil {
-		return fmt.Errorf("namespace guard: %w", err)
+		return false, fmt.Errorf("namespace guard: %w", err)
 	}
 	for _, w := range guard.Warnings() {
 		root.Warn(w)
@@ -175,11 +182,11 @@ func serve(opts *options, root hclog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := kernelSelfTest(ctx, opts, root); err != nil {
-		return err
+		return false, err
 	}
 	store, err := state.Open(opts.stateDir, root.Named("store"))
 	if err != nil {
-		return err
+		return false, err
 	}
 	defaults := opts.spec
 	pcfg := lifecycle.Config{
@@ -200,7 +207,7 @@ func serve(opts *options, root hclog.Logger) error {
 	if opts.probeSNAT {
 		m, err := newProbe(ctx, opts, root)
 		if err != nil {
-			return err
+			return false, err
 		}
 		// Deferred first, so it runs last: after Run has drained calls
 		// that may still queue removals, send what is queued.
@@ -214,36 +221,36 @@ func serve(opts *options, root hclog.Logger) error {
 	applier := nft.Applier(nft.NewNetlink())
 	met := observe(opts, &cfg, &pcfg, &applier, root)
 	pcfg.Engine = capture.NewKernel(guard, applier, capture.TakeOverForeign(opts.takeOver))
-	var agent *kube.Agent
+	var kc *kubeConn
 	if opts.kubernetes {
-		if agent, err = newAgent(opts, guard, root); err != nil {
-			return err
+		if kc, err = newKube(opts, guard, root); err != nil {
+			return false, err
 		}
-		pcfg.Policy = agent
+		pcfg.Policy = kc.agent
 	}
 	var zs *zdsServing
 	if opts.zdsSocket != "" {
 		var acked func(string)
-		if agent != nil {
+		if kc != nil {
 			// A pod's annotation waits for the proxy's ack.
-			acked = agent.ProxyAcked
+			acked = kc.agent.ProxyAcked
 		}
 		if zs, err = newZDS(opts, pcfg.Engine, store, acked, root); err != nil {
-			return err
+			return false, err
 		}
 		pcfg.ZDS, pcfg.ZDSRequireAck = zs.srv, opts.zdsRequireAck
 	}
 	pods, err := lifecycle.New(pcfg)
 	if err != nil {
-		return err
+		return false, err
 	}
 	cfg.Pods = pods
 	// In Kubernetes mode the pods are brought in line with the API before
 	// SERVING, and before ZDS serves, so a proxy's first snapshot already
 	// follows the policy.
 	cfg.BeforeServing = func(ctx context.Context) error {
-		if agent != nil {
-			if err := agent.Start(ctx, pods); err != nil {
+		if kc != nil {
+			if err := kc.agent.Start(ctx, pods); err != nil {
 				return fmt.Errorf("kubernetes: %w", err)
 			}
 		}
@@ -257,12 +264,27 @@ func serve(opts *options, root hclog.Logger) error {
 	}
 	srv, err := server.New(cfg)
 	if err != nil {
-		return err
+		return false, err
 	}
-	setSources(met, pods, zs, pcfg.Probe, agent)
+	if kc != nil && opts.podName != "" {
+		// Past the signal: the DaemonSet's deletion may arrive after it.
+		wctx, stopWatch := context.WithCancel(context.Background())
+		defer stopWatch()
+		klog := root.Named("kube")
+		kc.watch = kc.owner.Watch(wctx, opts.podNamespace, opts.podName, func(msg string, kv ...any) { klog.Warn(msg, kv...) })
+	}
+	ready := readiness(opts, srv, kc.agentOrNil())
+	var untaint *kube.Untainter
+	if kc != nil && opts.readinessTaint != "" {
+		if untaint, err = kc.untainter(opts, ready, root); err != nil {
+			return false, err
+		}
+		go untaint.Run(ctx)
+	}
+	setSources(met, pods, zs, pcfg.Probe, kc.agentOrNil(), untaint)
 	lis, err := listenSocket(opts.socket, opts.socketGroup)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer func() {
 		// The listener unlinks on close too; this covers a listener
@@ -274,16 +296,16 @@ func serve(opts *options, root hclog.Logger) error {
 	if zs != nil {
 		if err := zs.srv.Listen(opts.zdsSocket); err != nil {
 			lis.Close()
-			return fmt.Errorf("zds: %w", err)
+			return false, fmt.Errorf("zds: %w", err)
 		}
 		// After Run: calls still finishing during the graceful stop may be
 		// waiting for a proxy's ack.
 		defer zs.stop(root)
 	}
-	_, stopHTTP, err := serveHTTP(opts, srv, met, agent, root)
+	_, stopHTTP, err := serveHTTP(opts, ready, met, root)
 	if err != nil {
 		lis.Close()
-		return err
+		return false, err
 	}
 	// Deferred after the socket's removal, so it runs before it: once Run
 	// has stopped gRPC, /readyz has been answering 503 all along the
@@ -291,7 +313,14 @@ func serve(opts *options, root hclog.Logger) error {
 	defer stopHTTP()
 	root.Info("listening", "socket", opts.socket, "state_dir", opts.stateDir, "allow_uids", opts.allowUIDs.String(), "allow_gids", opts.allowGIDs.String(), "socket_group", opts.socketGroup,
 		"zds_socket", opts.zdsSocket, "kubernetes", opts.kubernetes, "node_name", opts.nodeName, "zds_require_ack", opts.zdsRequireAck, "zds_allow_uids", opts.zdsAllowUIDs.String(), "zds_allow_gids", opts.zdsAllowGIDs.String(), "zds_socket_group", opts.zdsSocketGroup, "probe_snat", opts.probeSNAT, "node_netns", nodeNetnsName(opts.nodeNetns), "kubelet_uid", uint32(opts.kubeletUID))
-	return srv.Run(ctx, lis, opts.shutdownTimeout)
+	if err := srv.Run(ctx, lis, opts.shutdownTimeout); err != nil {
+		return false, err
+	}
+	if kc == nil || kc.watch == nil {
+		return false, nil
+	}
+	// Before the deferred stops: releasing pods tells ztunnel over ZDS.
+	return kc.uninstallIfDeleted(opts, pods, root.Named("uninstall")), nil
 }
 
 // kernelSelfTest programs the rulesets this daemon would install into a
@@ -324,14 +353,30 @@ func kernelSelfTest(ctx context.Context, opts *options, root hclog.Logger) error
 	return nil
 }
 
-// newAgent connects Kubernetes mode to the API server.
-// Running pods it never saw a sandbox of are found among the runtime's
-// pins through guard, the one that vets every path the daemon programs.
-func newAgent(opts *options, guard *netns.Guard, root hclog.Logger) (*kube.Agent, error) {
+// kubeConn is Kubernetes mode's connection to the API server.
+type kubeConn struct {
+	client kubernetes.Interface
+	owner  *podowner.Client
+	agent  *kube.Agent
+	// watch follows the daemon's DaemonSet (with --pod-name).
+	watch *podowner.Watcher
+}
+
+// newKube connects Kubernetes mode to the API server. Running pods the
+// agent never saw a sandbox of are found among the runtime's pins through
+// guard, the one that vets every path the daemon programs.
+func newKube(opts *options, guard *netns.Guard, root hclog.Logger) (*kubeConn, error) {
 	log := root.Named("kube")
 	kube.RouteKlog(log.Named("client-go"))
-	client, err := kube.NewClient(opts.kubeconfig, "nftredird/"+opts.nodeName)
+	cfg, err := kube.RESTConfig(opts.kubeconfig, "nftredird/"+opts.nodeName)
 	if err != nil {
+		return nil, err
+	}
+	kc := &kubeConn{}
+	if kc.client, err = kubernetes.NewForConfig(cfg); err != nil {
+		return nil, err
+	}
+	if kc.owner, err = kube.NewOwnerClient(cfg); err != nil {
 		return nil, err
 	}
 	var scanner *pins.Scanner
@@ -340,14 +385,73 @@ func newAgent(opts *options, guard *netns.Guard, root hclog.Logger) (*kube.Agent
 			return nil, err
 		}
 	}
-	return kube.New(kube.Config{
-		Client:   client,
+	kc.agent, err = kube.New(kube.Config{
+		Client:   kc.client,
 		NodeName: opts.nodeName,
 		Selector: opts.selector(),
 		Dir:      opts.kubeStateDir,
 		Logger:   log,
 		Pins:     scanner,
 	})
+	return kc, err
+}
+
+// agentOrNil is the agent, or nil outside Kubernetes mode.
+func (kc *kubeConn) agentOrNil() *kube.Agent {
+	if kc == nil {
+		return nil
+	}
+	return kc.agent
+}
+
+func (kc *kubeConn) untainter(opts *options, ready []health.Check, root hclog.Logger) (*kube.Untainter, error) {
+	return kube.NewUntainter(kube.UntaintConfig{
+		Client: kc.client,
+		Node:   opts.nodeName,
+		Key:    opts.readinessTaint,
+		Ready:  func(ctx context.Context) error { return health.Run(ctx, ready) },
+		Logger: root.Named("kube").Named("taint"),
+	})
+}
+
+// uninstallTimeBudget bounds what a stop spends on an uninstall: the
+// DaemonSet's grace period is 30s, and the gRPC drain may have used 10.
+const uninstallTimeBudget = 15 * time.Second
+
+// uninstallIfDeleted asks whether the daemon's DaemonSet is being deleted
+// and, if so and --uninstall-release-pods, releases every captured pod
+// and removes the records. It returns whether the node probe table should
+// go too: only when no captured pod is left, whose kubelet probes it
+// keeps working. On any doubt it leaves everything: a stop that is not an
+// uninstall must never release a pod.
+func (kc *kubeConn) uninstallIfDeleted(opts *options, pods *lifecycle.Manager, log hclog.Logger) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), uninstallTimeBudget)
+	defer cancel()
+	v, why, err := kc.watch.Verdict(ctx)
+	switch {
+	case v != podowner.Deleted && err != nil:
+		log.Warn("cannot tell whether the DaemonSet is being deleted; captured pods and the probe table stay", "error", err)
+		return false
+	case v != podowner.Deleted:
+		log.Info("not an uninstall; captured pods and the probe table stay", "why", why)
+		return false
+	case !opts.uninstallReleasePods:
+		log.Info("DaemonSet deleted: uninstalling, leaving captured pods, their records and the probe table (--uninstall-release-pods=false)", "why", why)
+		return false
+	}
+	log.Info("DaemonSet deleted: uninstalling, releasing every captured pod", "why", why)
+	n, err := kc.agent.ReleaseAll(ctx, pods)
+	if err != nil {
+		log.Error("some captured pods could not be released; their records and the probe table stay", "released", n, "error", err)
+		return false
+	}
+	for _, dir := range []string{opts.stateDir, opts.kubeStateDir} {
+		if err := os.RemoveAll(dir); err != nil {
+			log.Warn("cannot remove a state directory", "dir", dir, "error", err)
+		}
+	}
+	log.Info("captured pods released, records removed", "released", n)
+	return true
 }
 
 // zdsServing is the ZDS server and the goroutine serving it.

@@ -42,8 +42,9 @@ func observe(opts *options, cfg *server.Config, pcfg *lifecycle.Config, applier 
 }
 
 // setSources points the scrape-time metrics at the lifecycle engine, the ZDS server,
-// the node probe table and the Kubernetes agent (zs, pt and agent may be nil).
-func setSources(m *metrics.Metrics, pods *lifecycle.Manager, zs *zdsServing, pt lifecycle.ProbeTable, agent *kube.Agent) {
+// the node probe table, the Kubernetes agent and the readiness taint's remover
+// (zs, pt, agent and u may be nil).
+func setSources(m *metrics.Metrics, pods *lifecycle.Manager, zs *zdsServing, pt lifecycle.ProbeTable, agent *kube.Agent, u *kube.Untainter) {
 	if m == nil {
 		return
 	}
@@ -54,6 +55,9 @@ func setSources(m *metrics.Metrics, pods *lifecycle.Manager, zs *zdsServing, pt 
 	if pm, ok := pt.(*probe.Manager); ok {
 		src.ProbeAddresses = pm.Addresses
 		src.ProbeRepairs = pm.Repairs
+	}
+	if u != nil {
+		src.TaintRemovals = u.Removed
 	}
 	if agent != nil {
 		src.Discovery = func() metrics.Discovery {
@@ -68,24 +72,13 @@ func setSources(m *metrics.Metrics, pods *lifecycle.Manager, zs *zdsServing, pt 
 // exit.
 const httpShutdownTimeout = 2 * time.Second
 
-// serveHTTP binds --metrics-address and serves /healthz, /readyz and
-// /metrics until the returned stop is called. Liveness asks the daemon's
-// own gRPC health service over its socket, so a daemon whose gRPC server
-// no longer answers is restarted; readiness is the server's SERVING state
-// (startup reconcile done, not stopping), in Kubernetes mode no selected
-// pod left uncaptured for want of a proven namespace, and every
-// --ready-file. The kernel self-test has passed by the time this runs, or
-// the daemon would have stopped.
-//
-// It returns the bound address ("" when --metrics-address is empty).
-func serveHTTP(opts *options, srv *server.Server, m *metrics.Metrics, agent *kube.Agent, root hclog.Logger) (addr string, stop func(), err error) {
-	if m == nil {
-		return "", func() {}, nil
-	}
-	self, err := client.Dial(context.Background(), opts.socket, client.WithRetry(1, 0), client.WithTimeout(time.Second))
-	if err != nil {
-		return "", nil, err
-	}
+// readiness is what /readyz checks, and what the node's readiness taint
+// waits for: the server's SERVING state (startup reconcile done, in
+// Kubernetes mode the pods in line with the API, not stopping), in
+// Kubernetes mode no selected pod left uncaptured for want of a proven
+// namespace (agent, nil standalone), and every --ready-file (the CNI
+// install step's, while the plugin is chained).
+func readiness(opts *options, srv *server.Server, agent *kube.Agent) []health.Check {
 	ready := []health.Check{
 		{Name: "startup reconcile", Check: func(context.Context) error {
 			if !srv.Ready() {
@@ -104,6 +97,25 @@ func serveHTTP(opts *options, srv *server.Server, m *metrics.Metrics, agent *kub
 	}
 	for _, f := range opts.readyFiles {
 		ready = append(ready, health.FileExists(f))
+	}
+	return ready
+}
+
+// serveHTTP binds --metrics-address and serves /healthz, /readyz and
+// /metrics until the returned stop is called. Liveness asks the daemon's
+// own gRPC health service over its socket, so a daemon whose gRPC server
+// no longer answers is restarted; readiness is ready (readiness). The
+// kernel self-test has passed by the time this runs, or the daemon would
+// have stopped.
+//
+// It returns the bound address ("" when --metrics-address is empty).
+func serveHTTP(opts *options, ready []health.Check, m *metrics.Metrics, root hclog.Logger) (addr string, stop func(), err error) {
+	if m == nil {
+		return "", func() {}, nil
+	}
+	self, err := client.Dial(context.Background(), opts.socket, client.WithRetry(1, 0), client.WithTimeout(time.Second))
+	if err != nil {
+		return "", nil, err
 	}
 	h := health.NewHandler(health.Config{
 		Liveness: []health.Check{{Name: "grpc", Check: func(ctx context.Context) error {

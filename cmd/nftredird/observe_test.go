@@ -136,9 +136,9 @@ func TestReadyzWaitsForStartupReconcile(t *testing.T) {
 	log := hclog.NewNullLogger()
 	met := observe(opts, &second, &secondPods, &applier, log)
 	srv, pods := build(second, applier, secondPods)
-	setSources(met, pods, nil, nil, nil)
+	setSources(met, pods, nil, nil, nil, nil)
 	runServer(t, srv, socket)
-	addr, stopHTTP, err := serveHTTP(opts, srv, met, nil, log)
+	addr, stopHTTP, err := serveHTTP(opts, readiness(opts, srv, nil), met, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -89,6 +89,18 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, checks []Check) {
 	_, _ = w.Write([]byte(b.String()))
 }
 
+// Run runs checks in order and returns the first failure, named: for a
+// caller that waits on the same conditions as a probe (the node's
+// readiness taint waits on /readyz's).
+func Run(ctx context.Context, checks []Check) error {
+	for _, c := range checks {
+		if err := c.Check(ctx); err != nil {
+			return fmt.Errorf("%s: %w", c.Name, err)
+		}
+	}
+	return nil
+}
+
 // FileExists is a readiness check that holds while path exists: another
 // process (the CNI install step) creates it when its part is ready.
 func FileExists(path string) Check {

@@ -72,6 +72,10 @@ type Options struct {
 	// runc. Default: $NFTREDIR_K8S_BIN, else the cache dir of
 	// hack/k8s-tools.sh.
 	ToolsDir string
+	// RegisterWithTaints are the taints the node carries from its
+	// registration (the kubelet's --register-with-taints), as a node
+	// pool's startup taints: "key=value:Effect" or "key:Effect".
+	RegisterWithTaints []string
 	// ConflistVersion is the cniVersion of the node's network, as a
 	// primary CNI would write it: "0.3.1" is the version of Flannel's,
 	// Calico's, Cilium's and kindnet's default networks. Default:
@@ -121,6 +125,7 @@ type Cluster struct {
 	Client     *kubernetes.Clientset
 
 	t         testing.TB
+	opts      Options
 	repo      string
 	tools     string
 	pluginSrc string
@@ -144,7 +149,7 @@ func Start(t testing.TB, o Options) *Cluster {
 	t.Helper()
 	nstest.RequirePrivileged(t)
 	begin := time.Now()
-	c := &Cluster{t: t, procs: map[string]*proc{}, images: map[string]bool{}, ConflistVersion: o.ConflistVersion}
+	c := &Cluster{t: t, opts: o, procs: map[string]*proc{}, images: map[string]bool{}, ConflistVersion: o.ConflistVersion}
 	if c.ConflistVersion == "" {
 		c.ConflistVersion = CNIVersion
 	}
@@ -544,18 +549,22 @@ func (c *Cluster) startKubelet() error {
 	if err != nil {
 		return err
 	}
-	return c.startComponent("kubelet", "unshare", "--mount", "--propagation", "unchanged", "--",
+	args := []string{"unshare", "--mount", "--propagation", "unchanged", "--",
 		"/bin/sh", "-c", script,
 		c.bin("kubelet"),
-		"--config="+cfgPath,
-		"--kubeconfig="+filepath.Join(c.Dir, "kubelet.kubeconfig"),
-		"--root-dir="+filepath.Join(c.Dir, "kubelet"),
-		"--hostname-override="+c.NodeName,
-		"--node-ip="+c.NodeIP.String(),
+		"--config=" + cfgPath,
+		"--kubeconfig=" + filepath.Join(c.Dir, "kubelet.kubeconfig"),
+		"--root-dir=" + filepath.Join(c.Dir, "kubelet"),
+		"--hostname-override=" + c.NodeName,
+		"--node-ip=" + c.NodeIP.String(),
 		// Keeps the sandbox image out of image garbage collection.
-		"--pod-infra-container-image="+PauseImage,
+		"--pod-infra-container-image=" + PauseImage,
 		"--v=2",
-	)
+	}
+	if len(c.opts.RegisterWithTaints) > 0 {
+		args = append(args, "--register-with-taints="+strings.Join(c.opts.RegisterWithTaints, ","))
+	}
+	return c.startComponent("kubelet", args...)
 }
 
 func (c *Cluster) startControllers() error {

@@ -38,6 +38,9 @@ type Sources struct {
 	ZDS func() zds.Stats
 	// ProbeAddresses counts the addresses in the node probe table's sets.
 	ProbeAddresses func() int
+	// TaintRemovals counts the readiness taints the daemon removed from
+	// its node (0 or 1 in a daemon's life).
+	TaintRemovals func() int
 	// ProbeRepairs counts the node probe table's repairs after someone
 	// else changed it.
 	ProbeRepairs func() int64
@@ -265,6 +268,8 @@ var (
 		"ZDS connections dropped for a malformed or unexpected message.", nil, nil)
 	probeDesc = prometheus.NewDesc(namespace+"_probe_table_addresses",
 		"Pod addresses in the node probe table's sets.", nil, nil)
+	taintDesc = prometheus.NewDesc(namespace+"_readiness_taint_removals_total",
+		"Readiness taints (--readiness-taint) this daemon removed from its node once ready.", nil, nil)
 	discoveriesDesc = prometheus.NewDesc(namespace+"_kube_netns_discoveries_total",
 		"Running pods whose network namespace Kubernetes mode looked for among the runtime's pins, by outcome: proven (one namespace carries the pod's IP), not_found, ambiguous (several do; refused), no_pod_ip, scan_failed.", []string{"outcome"}, nil)
 	unprovenDesc = prometheus.NewDesc(namespace+"_kube_pods_netns_unproven",
@@ -278,7 +283,7 @@ var (
 )
 
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{podsDesc, zdsConnectedDesc, zdsAcksDesc, zdsNacksDesc, zdsAckTimeoutsDesc, zdsProtocolErrorsDesc, probeDesc, discoveriesDesc, unprovenDesc, pinScansDesc, pinScanSecondsDesc, probeRepairsDesc} {
+	for _, d := range []*prometheus.Desc{podsDesc, zdsConnectedDesc, zdsAcksDesc, zdsNacksDesc, zdsAckTimeoutsDesc, zdsProtocolErrorsDesc, probeDesc, taintDesc, discoveriesDesc, unprovenDesc, pinScansDesc, pinScanSecondsDesc, probeRepairsDesc} {
 		ch <- d
 	}
 }
@@ -302,6 +307,9 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if src.ProbeAddresses != nil {
 		ch <- prometheus.MustNewConstMetric(probeDesc, prometheus.GaugeValue, float64(src.ProbeAddresses()))
+	}
+	if src.TaintRemovals != nil {
+		ch <- prometheus.MustNewConstMetric(taintDesc, prometheus.CounterValue, float64(src.TaintRemovals()))
 	}
 	if src.ProbeRepairs != nil {
 		ch <- prometheus.MustNewConstMetric(probeRepairsDesc, prometheus.CounterValue, float64(src.ProbeRepairs()))

@@ -94,6 +94,23 @@ func DialChildBinary(t testing.TB) string {
 func (n *Netns) DialAs(t testing.TB, bin string, rec *Recorder, uid uint32, to netip.AddrPort) Record {
 	t.Helper()
 	token := newToken()
+	out := n.dialAs(t, bin, uid, to, token)
+	r, ok := rec.Lookup(token)
+	if !ok || r.Listener != strings.TrimSpace(string(out)) {
+		t.Fatalf("dial %s as uid %d: reply %q has no matching record (%v)", to, uid, out, r)
+	}
+	return r
+}
+
+// DialAsLine is DialAs to a server that is not the stand-in proxy (an
+// app answering directly): it returns the first line of the reply.
+func (n *Netns) DialAsLine(t testing.TB, bin string, uid uint32, to netip.AddrPort) string {
+	t.Helper()
+	return strings.TrimSpace(string(n.dialAs(t, bin, uid, to, newToken())))
+}
+
+func (n *Netns) dialAs(t testing.TB, bin string, uid uint32, to netip.AddrPort, token string) []byte {
+	t.Helper()
 	var out []byte
 	err := n.Do(func() error {
 		cmd := exec.Command(bin)
@@ -110,9 +127,5 @@ func (n *Netns) DialAs(t testing.TB, bin string, rec *Recorder, uid uint32, to n
 	if err != nil {
 		t.Fatalf("dial %s as uid %d from %s: %v", to, uid, n.Name, err)
 	}
-	r, ok := rec.Lookup(token)
-	if !ok || r.Listener != strings.TrimSpace(string(out)) {
-		t.Fatalf("dial %s as uid %d: reply %q has no matching record (%v)", to, uid, out, r)
-	}
-	return r
+	return out
 }

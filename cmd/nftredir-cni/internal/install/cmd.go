@@ -18,6 +18,7 @@ import (
 
 	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/internal/enrolment"
+	"github.com/nftredir/nftredir/internal/podowner"
 )
 
 // The subcommands. CNI runtimes execute plugins with no arguments (the
@@ -58,9 +59,12 @@ the plugin's entry into the network the runtime uses (the first file of
 cniVersion, then watches the directory and chains it again whenever the
 primary CNI rewrites the file. A single-plugin .conf becomes a .conflist.
 While the plugin is not in place it is not ready: --ready-file is absent,
-and "install --check" fails. On SIGTERM it leaves everything in place
-unless --cleanup-on-exit is set, so a restart of the installer never
-lets pods start uncaptured.
+and "install --check" fails. On SIGTERM it leaves everything in place, so
+a restart or an update of the installer never lets pods start
+uncaptured, unless --cleanup-on-exit is set, or, in a Kubernetes pod
+(--pod-name and --pod-namespace, from the Downward API), the pod's
+DaemonSet is gone or being deleted: that is an uninstall, and it removes
+the plugin as "nftredir-cni uninstall" does.
 
 nftredir-cni install --once [flags]: install (or repair) once and exit.
 nftredir-cni install --check [flags]: exit 0 if installed; changes nothing.
@@ -99,7 +103,10 @@ type options struct {
 	logFile       string
 	logLevel      string
 	readyFile     string
+	backupDir     string
 	cleanupOnExit bool
+	podName       string
+	podNamespace  string
 	once          bool
 	check         bool
 	resync        time.Duration
@@ -158,6 +165,10 @@ func Main(command string, args []string, lookupEnv func(string) (string, bool), 
 		log.Info("installed", "conf_dir", cfg.ConfDir, "bin_dirs", cfg.BinDirs)
 		return 0
 	}
+	// Past the signal: the DaemonSet's deletion may arrive just after it.
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	defer stopWatch()
+	owner := watchOwner(watchCtx, opts, lookupEnv, log)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	log.Info("installing and watching", "conf_dir", cfg.ConfDir, "conf_name", cfg.ConfName, "bin_dirs", cfg.BinDirs, "cleanup_on_exit", opts.cleanupOnExit)
@@ -165,7 +176,11 @@ func Main(command string, args []string, lookupEnv func(string) (string, bool), 
 	if runErr != nil {
 		log.Error("watching stopped", "error", runErr)
 	}
-	if opts.cleanupOnExit {
+	cleanup := opts.cleanupOnExit
+	if !cleanup {
+		cleanup = daemonSetDeleted(owner, log)
+	}
+	if cleanup {
 		if err := in.Uninstall(); err != nil {
 			log.Error("cleanup on exit incomplete", "error", err)
 			return 1
@@ -183,11 +198,55 @@ func Main(command string, args []string, lookupEnv func(string) (string, bool), 
 	return 0
 }
 
+// ownerCheckTimeout bounds the question at SIGTERM; the DaemonSet's
+// grace period is 30s.
+const ownerCheckTimeout = 10 * time.Second
+
+// watchOwner starts following this pod's DaemonSet, when the pod is
+// known, so that its deletion is seen while the pod may still read it.
+// nil when there is nothing to follow (logged).
+func watchOwner(ctx context.Context, opts *options, lookupEnv func(string) (string, bool), log hclog.Logger) *podowner.Watcher {
+	if opts.podName == "" {
+		return nil
+	}
+	c, err := podowner.InCluster(podowner.ServiceAccountDir, lookupEnv)
+	if err != nil {
+		log.Warn("cannot follow the DaemonSet; a stop will leave the plugin in place", "error", err)
+		return nil
+	}
+	return c.Watch(ctx, opts.podNamespace, opts.podName, func(msg string, kv ...any) { log.Warn(msg, kv...) })
+}
+
+// daemonSetDeleted tells whether this pod's DaemonSet is gone or being
+// deleted. Anything else, an API that cannot be reached included, is a
+// restart or an update: the plugin stays.
+func daemonSetDeleted(w *podowner.Watcher, log hclog.Logger) bool {
+	if w == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), ownerCheckTimeout)
+	defer cancel()
+	v, why, err := w.Verdict(ctx)
+	switch {
+	case v == podowner.Deleted:
+		log.Info("DaemonSet deleted: uninstalling the plugin", "why", why)
+		return true
+	case err != nil:
+		log.Warn("cannot tell whether the DaemonSet is being deleted; the plugin stays", "error", err)
+	default:
+		log.Info("not an uninstall; the plugin stays", "why", why)
+	}
+	return false
+}
+
 func parse(command string, args []string, lookupEnv func(string) (string, bool), out io.Writer) (*options, Config, error) {
 	o := &options{
 		binDirs:   listValue{items: []string{"/opt/cni/bin", "/usr/lib/cni"}},
 		excludeNS: listValue{items: []string{"kube-system"}},
 	}
+	// The Downward API's usual variables; the NFTREDIR_CNI_ twins win.
+	podName, _ := lookupEnv("POD_NAME")
+	podNamespace, _ := lookupEnv("POD_NAMESPACE")
 	fs := flag.NewFlagSet("nftredir-cni "+command, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
@@ -201,7 +260,10 @@ func parse(command string, args []string, lookupEnv func(string) (string, bool),
 	fs.StringVar(&o.logFile, "log-file", "", "entry key logFile: the plugin's log `file`; empty logs to the runtime's stderr")
 	fs.StringVar(&o.logLevel, "log-level", "", "entry key logLevel: the plugin's log `level`; empty is the plugin's default (info)")
 	fs.StringVar(&o.readyFile, "ready-file", "", "`file` that exists exactly while the plugin is installed")
+	fs.StringVar(&o.backupDir, "backup-dir", "", "`dir`ectory where each network file is kept as it was before the plugin was chained, so that uninstall restores its exact bytes; empty: uninstall re-encodes the file without the entry")
 	fs.BoolVar(&o.cleanupOnExit, "cleanup-on-exit", false, "on SIGTERM, uninstall before exiting (for removing nftredir from the node, not for restarts)")
+	fs.StringVar(&o.podName, "pod-name", podName, "this installer's pod `name` (default: $POD_NAME); with --pod-namespace, SIGTERM asks the API whether the pod's DaemonSet is gone or being deleted, and if so uninstalls (the ServiceAccount needs get on pods and daemonsets.apps)")
+	fs.StringVar(&o.podNamespace, "pod-namespace", podNamespace, "this installer's pod `namespace` (default: $POD_NAMESPACE)")
 	fs.DurationVar(&o.resync, "resync-interval", time.Minute, "check the installation this often even without a file event")
 	fs.StringVar(&o.verbosity, "verbosity", "info", "this command's own log `level`")
 	fs.BoolVar(&o.kubernetes, "kubernetes", false, "Kubernetes mode, as nftredird's --kubernetes: write a kubeconfig for the plugin and the entry key kubernetes, so that when the daemon cannot answer, a pod the enrolment policy would not capture starts without it (docs/blast-radius.md)")
@@ -257,6 +319,9 @@ func parse(command string, args []string, lookupEnv func(string) (string, bool),
 	if o.timeout <= 0 {
 		errs = append(errs, errors.New("--timeout must be positive"))
 	}
+	if (o.podName == "") != (o.podNamespace == "") {
+		errs = append(errs, errors.New("--pod-name and --pod-namespace go together (POD_NAME and POD_NAMESPACE from the Downward API)"))
+	}
 	if o.once && o.check {
 		errs = append(errs, errors.New("--once and --check exclude each other"))
 	}
@@ -290,7 +355,7 @@ func parse(command string, args []string, lookupEnv func(string) (string, bool),
 	if err := errors.Join(errs...); err != nil {
 		return nil, Config{}, err
 	}
-	cfg := Config{BinDirs: o.binDirs.items, ConfDir: o.confDir, ConfName: o.confName, Entry: entry, ReadyFile: o.readyFile, Kubeconfig: kube}
+	cfg := Config{BinDirs: o.binDirs.items, ConfDir: o.confDir, ConfName: o.confName, Entry: entry, ReadyFile: o.readyFile, BackupDir: o.backupDir, Kubeconfig: kube}
 	if err := cfg.check(); err != nil {
 		return nil, Config{}, err
 	}

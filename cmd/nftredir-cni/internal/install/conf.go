@@ -211,6 +211,16 @@ func (c *netConf) withoutEntry() (top map[string]json.RawMessage, changed bool) 
 	return top, true
 }
 
+// hasAny reports whether the list chains the plugin in any form.
+func (c *netConf) hasAny() bool {
+	for _, p := range c.plugins {
+		if pluginType(p) == PluginType {
+			return true
+		}
+	}
+	return false
+}
+
 func (c *netConf) hasEntry(entry json.RawMessage) bool {
 	for _, p := range c.plugins {
 		if pluginType(p) == PluginType && sameJSON(p, entry) {

@@ -51,6 +51,12 @@ type Config struct {
 	// ReadyFile, when set, exists exactly while the plugin is installed,
 	// for probes of another process.
 	ReadyFile string
+	// BackupDir, when set, keeps each network file as it was before the
+	// entry was first inserted, so that an uninstall puts back the very
+	// bytes the primary CNI wrote (if nothing else changed in between)
+	// rather than a re-encoding of them. Keep it on the host, beside the
+	// ready file.
+	BackupDir string
 	// Kubeconfig, in Kubernetes mode, is the kubeconfig the plugin reads
 	// pods with when the daemon cannot answer; nil in standalone mode.
 	Kubeconfig *Kubeconfig
@@ -69,6 +75,9 @@ func (c *Config) check() error {
 	}
 	if c.ConfName != "" && (filepath.Base(c.ConfName) != c.ConfName || c.ConfName == "." || c.ConfName == "..") {
 		errs = append(errs, fmt.Errorf("--cni-conf-name %q must be a file name in the configuration directory", c.ConfName))
+	}
+	if c.BackupDir != "" && !filepath.IsAbs(c.BackupDir) {
+		errs = append(errs, fmt.Errorf("backup dir %q is not an absolute path", c.BackupDir))
 	}
 	if c.ReadyFile != "" && !filepath.IsAbs(c.ReadyFile) {
 		errs = append(errs, fmt.Errorf("ready file %q is not an absolute path", c.ReadyFile))
@@ -313,6 +322,10 @@ func (in *Installer) syncConf() error {
 		if err != nil {
 			return err
 		}
+		if !c.single && !c.hasAny() {
+			// The primary CNI's own bytes, before anything of ours.
+			in.backup(path, c.raw)
+		}
 		if c.single && filepath.Ext(path) == ".conf" {
 			// Same name with "list" appended: it sorts right after the .conf,
 			// so it is first once the .conf is gone.
@@ -390,6 +403,9 @@ func (in *Installer) Uninstall() error {
 			continue
 		}
 		data, err := render(top)
+		if orig := in.original(f); err == nil && orig != nil && sameJSON(orig, data) {
+			data = orig
+		}
 		if err == nil {
 			err = writeAtomic(f, bytes.NewReader(data), c.mode)
 		}
@@ -398,6 +414,11 @@ func (in *Installer) Uninstall() error {
 			continue
 		}
 		in.log.Info("plugin removed from the network", "file", f)
+	}
+	if len(errs) == 0 && in.cfg.BackupDir != "" {
+		if err := os.RemoveAll(in.cfg.BackupDir); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	// The binary goes only once no network names it.
 	if len(errs) == 0 {
@@ -419,6 +440,33 @@ func (in *Installer) Uninstall() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// backup keeps raw as path's original; a failure costs only byte-exactness
+// at uninstall, so it is logged, not returned.
+func (in *Installer) backup(path string, raw []byte) {
+	if in.cfg.BackupDir == "" {
+		return
+	}
+	err := os.MkdirAll(in.cfg.BackupDir, 0o700)
+	if err == nil {
+		err = durable.WriteFile(filepath.Join(in.cfg.BackupDir, filepath.Base(path)), raw)
+	}
+	if err != nil {
+		in.log.Warn("cannot keep the network file's original; an uninstall will re-encode it", "file", path, "error", err)
+	}
+}
+
+// original is path's backup, or nil.
+func (in *Installer) original(path string) []byte {
+	if in.cfg.BackupDir == "" {
+		return nil
+	}
+	b, err := os.ReadFile(filepath.Join(in.cfg.BackupDir, filepath.Base(path)))
+	if err != nil {
+		return nil
+	}
+	return b
 }
 
 // Check reports, changing nothing, whether the plugin is installed as cfg

@@ -536,3 +536,52 @@ func TestWatcher(t *testing.T) {
 	os.Remove(filepath.Join(n.bin2, PluginType))
 	waitFor("the binary back", func() bool { _, err := os.Stat(filepath.Join(n.bin2, PluginType)); return err == nil })
 }
+
+// With a backup dir, uninstall puts back the primary CNI's own bytes,
+// odd spacing and key order included; if the network changed meanwhile in
+// more than our entry, it is re-encoded without the entry instead.
+func TestUninstallRestoresTheOriginalBytes(t *testing.T) {
+	orig := "{ \"name\": \"mynet\",\n\t\"cniVersion\": \"1.0.0\",\n  \"plugins\": [ {\"type\": \"bridge\", \"bridge\": \"cni0\"} ] }\n"
+	for _, changed := range []bool{false, true} {
+		n := newNode(t)
+		p := filepath.Join(n.conf, "10-mynet.conflist")
+		os.WriteFile(p, []byte(orig), 0o640)
+		cfg := n.config()
+		cfg.BackupDir = filepath.Join(n.conf, "..", "backup")
+		in, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := in.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		// A second installer (the next pod of the DaemonSet) finds the
+		// entry in place and must not take the chained file as original.
+		in2, _ := New(cfg)
+		if err := in2.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		if changed {
+			l := readList(t, p)
+			l.Plugins[0]["bridge"] = "cni1"
+			b, _ := json.Marshal(l)
+			os.WriteFile(p, b, 0o640)
+		}
+		if err := in2.Uninstall(); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := os.ReadFile(p)
+		switch {
+		case !changed && string(got) != orig:
+			t.Errorf("after uninstall:\n%s\nwant the original bytes:\n%s", got, orig)
+		case changed && (strings.Join(types(readList(t, p)), ",") != "bridge" || readList(t, p).Plugins[0]["bridge"] != "cni1"):
+			t.Errorf("changed network after uninstall: %s", got)
+		}
+		if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o640 {
+			t.Errorf("mode %#o", fi.Mode().Perm())
+		}
+		if _, err := os.Stat(cfg.BackupDir); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("backup dir left after uninstall: %v", err)
+		}
+	}
+}
