@@ -719,23 +719,32 @@ func TestInstallContainerEnvironment(t *testing.T) {
 	in := container(t, &m.daemonSets[0], "install-cni")
 	cm := m.configMap(t)
 	root := t.TempDir()
+	// Every directory and file the installer may write (bin and conf
+	// dirs, the ready file, the backups of the network's original bytes)
+	// is moved under root: the test must not touch the machine's own.
+	underRoot := func(name, v string) string {
+		if !strings.HasPrefix(name, "NFTREDIR_") || !(strings.HasSuffix(name, "_DIR") || strings.HasSuffix(name, "_FILE")) {
+			return v
+		}
+		var parts []string
+		for p := range strings.SplitSeq(v, ",") {
+			if filepath.IsAbs(p) {
+				p = filepath.Join(root, p)
+			}
+			parts = append(parts, p)
+		}
+		return strings.Join(parts, ",")
+	}
 	env := []string{"PATH=/usr/bin:/bin"}
 	for k, v := range cm.Data {
-		env = append(env, k+"="+v)
+		env = append(env, k+"="+underRoot(k, v))
 	}
 	for _, e := range in.Env {
 		v := e.Value
 		if r := e.ValueFrom; r != nil && r.ConfigMapKeyRef != nil {
 			v = cm.Data[r.ConfigMapKeyRef.Key]
 		}
-		if strings.HasPrefix(e.Name, "NFTREDIR_CNI_") && strings.HasSuffix(e.Name, "_DIR") {
-			var parts []string
-			for p := range strings.SplitSeq(v, ",") {
-				parts = append(parts, filepath.Join(root, p))
-			}
-			v = strings.Join(parts, ",")
-		}
-		env = append(env, e.Name+"="+v)
+		env = append(env, e.Name+"="+underRoot(e.Name, v))
 	}
 	// What the kubelet gives every pod: the Service address of the API
 	// and the service account's projected files (moved under root).
