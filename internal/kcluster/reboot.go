@@ -5,11 +5,9 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // StopNode does to the node what a reboot without drain does: the kubelet
@@ -86,26 +84,4 @@ func (c *Cluster) StartNode(t testing.TB) {
 
 // sandboxPins is the network namespace pin of every sandbox the runtime
 // knows.
-func (c *Cluster) sandboxPins() []string {
-	conn, err := c.criConn()
-	if err != nil {
-		return nil
-	}
-	defer conn.Close()
-	rs := runtimeapi.NewRuntimeServiceClient(conn)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	l, err := rs.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
-	if err != nil {
-		return nil
-	}
-	var pins []string
-	for _, sb := range l.Items {
-		if st, err := rs.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: sb.Id, Verbose: true}); err == nil {
-			if p := netnsPath(st.GetInfo()["info"]); p != "" {
-				pins = append(pins, p)
-			}
-		}
-	}
-	return pins
-}
+func (c *Cluster) sandboxPins() []string { return c.walkSandboxes(nil) }

@@ -122,6 +122,16 @@ func (c *Cluster) deleteAllPods(d time.Duration) bool {
 // returns their network namespace pins, for removal should containerd
 // fail to.
 func (c *Cluster) removeSandboxes() []string {
+	return c.walkSandboxes(func(ctx context.Context, rs runtimeapi.RuntimeServiceClient, id string) {
+		rs.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id})
+		rs.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id})
+	})
+}
+
+// walkSandboxes calls each (nil: nothing) for every sandbox the runtime
+// lists, and returns their namespace pins; nil when the runtime does not
+// answer.
+func (c *Cluster) walkSandboxes(each func(context.Context, runtimeapi.RuntimeServiceClient, string)) []string {
 	conn, err := c.criConn()
 	if err != nil {
 		return nil
@@ -141,8 +151,9 @@ func (c *Cluster) removeSandboxes() []string {
 				pins = append(pins, p)
 			}
 		}
-		rs.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sb.Id})
-		rs.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sb.Id})
+		if each != nil {
+			each(ctx, rs, sb.Id)
+		}
 	}
 	return pins
 }
