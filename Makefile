@@ -6,6 +6,14 @@ GO ?= go
 BIN := $(CURDIR)/bin
 export PATH := $(BIN):$(PATH)
 
+# One build configuration for every go command run from here and the
+# tests' own go builds (static, no local paths: make build's and the
+# image's), so make build, go vet, go test, the e2e suite's binaries and
+# its image share one compile of the dependency graph instead of three.
+# make race turns cgo back on: the race detector needs it.
+export CGO_ENABLED ?= 0
+export GOFLAGS := $(strip -trimpath $(filter-out -trimpath,$(GOFLAGS)))
+
 PKGS := ./...
 
 .PHONY: all build image test unit race lint lint-go staticcheck demo bench deps deps-k8s deps-helm deps-istio e2e-k8s e2e-istio clean fuzz
@@ -37,7 +45,7 @@ deps-helm:
 # hack/version-ldflags.sh.
 build:
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 $(GO) build -buildvcs=auto -ldflags "$$(hack/version-ldflags.sh)" -o $(BIN)/ ./cmd/... ./tools/...
+	CGO_ENABLED=0 $(GO) build -buildvcs=auto -trimpath -ldflags "$$(hack/version-ldflags.sh)" -o $(BIN)/ ./cmd/... ./tools/...
 
 # image is the scratch-style image of the static binaries for linux/amd64
 # and linux/arm64 (GOARCH cross-builds), one OCI image index built offline
@@ -67,13 +75,14 @@ lint-go:
 
 # Every test, including the real-kernel ones, the Kubernetes cluster
 # suite and the Istio suite (root; the Istio suite skips without
-# ZTUNNEL_BIN, which .ci/run sets from ../shared/tools). -p 1: the kernel
-# tests create namespaces and traffic; on 2 cores one package at a time is
-# faster and calmer than contention.
-test: deps-istio lint-go build
-	$(GO) test -p 1 -count=1 -timeout 15m $(PKGS)
-	@$(MAKE) --no-print-directory race
-	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(CI_FUZZTIME)
+# ZTUNNEL_BIN, which .ci/run sets from ../shared/tools), then make race
+# and a short make fuzz. -p 1: the kernel tests create namespaces and
+# traffic; on 2 cores one package at a time is faster and calmer than
+# contention. hack/test.sh builds the cluster suites' tools (deps-istio)
+# in the background while the other tests run, and runs each cluster
+# suite once its tools are there.
+test: deps lint-go build
+	@GO=$(GO) CI_FUZZTIME=$(CI_FUZZTIME) hack/test.sh
 
 # The pure tests of the packages that run goroutines of their own (gRPC
 # and ZDS servers, watchers, the probe table's sender, the CNI plugin's
@@ -84,9 +93,9 @@ test: deps-istio lint-go build
 RACE_PKGS := ./capture/... ./lifecycle/... ./state/... ./internal/podevents \
 	./client/... ./server/... ./zds/... ./kube/... ./probe/... ./nft/... \
 	./cmd/nftredird ./cmd/nftredirctl ./cmd/nftredir-cni/... \
-	./internal/health ./internal/metrics ./internal/peercred ./internal/nftlive
+	./internal/health ./cmd/nftredird/internal/metrics ./internal/peercred ./internal/nftlive
 race:
-	NFTREDIR_SKIP_PRIVILEGED=1 $(GO) test -race -p 1 -count=1 -timeout 10m $(RACE_PKGS)
+	CGO_ENABLED=1 NFTREDIR_SKIP_PRIVILEGED=1 $(GO) test -race -p 1 -count=1 -timeout 10m $(RACE_PKGS)
 
 # Fuzz targets, package:name. Their seed corpora (testdata/fuzz/<name>/
 # and f.Add) run in every plain go test; make fuzz searches for new
@@ -116,11 +125,11 @@ fuzz:
 		$(GO) test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) $(FUZZFLAGS) $$pkg; \
 	done
 
-# The Kubernetes cluster suite alone (e2e's TestK8s*, see internal/kcluster).
+# The Kubernetes cluster suite alone (e2e's TestK8s*, see internal/testkit/kcluster).
 e2e-k8s: deps-k8s
 	$(GO) test -count=1 -timeout 15m -run '^TestK8s' -v ./e2e/
 
-# The Istio suite alone (e2e's TestIstio*, see internal/istiotest): stock
+# The Istio suite alone (e2e's TestIstio*, see internal/testkit/istiotest): stock
 # istiod and ztunnel on nftredir in the test cluster. Skips without
 # ZTUNNEL_BIN.
 e2e-istio: deps-istio

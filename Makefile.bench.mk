@@ -7,8 +7,14 @@
 #   make bench BENCH_FLAGS=-quick                  # seconds; prints, writes nothing
 #   make bench BENCH_FLAGS='-pods 50 -cycles 10000'
 #   make bench BENCH_FLAGS=-only-cni               # the CNI chains alone; prints, writes nothing
-# The program finds bin/nftredird next to itself.
+#   make bench BENCH_FLAGS=-only-podstart          # pod start through the real cluster alone; prints, writes nothing
+# The program finds bin/nftredird next to itself. Its pod start section
+# runs the project's single-node cluster (internal/kcluster, so the
+# Kubernetes binaries of deps-k8s), with stock ztunnel and istiod as the
+# node proxy when ZTUNNEL_BIN is set (deps-istio), else a stand-in; hold
+# the machine's heavy lock around it where others share the machine:
+#   flock /tmp/nftredir-heavy.lock make bench
 BENCH_FLAGS ?=
 
-bench: deps build
+bench: $(if $(ZTUNNEL_BIN),deps-istio,deps-k8s) build
 	$(BIN)/nftredir-bench $(BENCH_FLAGS)

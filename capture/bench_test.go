@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/nftredir/nftredir/capture"
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 )
@@ -58,10 +58,10 @@ func addPod(ctx context.Context, e capture.Engine, path string, rs *nft.Ruleset,
 		return err
 	}
 	defer ns.Close()
-	if err := e.Apply(ctx, ns, rs, r); err != nil {
+	if err := ns.Apply(ctx, rs, r); err != nil {
 		return err
 	}
-	l, err := e.Inspect(ctx, ns, rs, r)
+	l, err := ns.Inspect(ctx, rs, r)
 	if err != nil {
 		return err
 	}
@@ -100,7 +100,7 @@ func BenchmarkOpenInspect(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		l, err := e.Inspect(ctx, ns, rs, r)
+		l, err := ns.Inspect(ctx, rs, r)
 		ns.Close()
 		if err != nil || !l.InSync() {
 			b.Fatalf("Inspect = %v, %+v, %v", l.Table, l.Routing, err)

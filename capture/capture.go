@@ -1,7 +1,7 @@
 // Package capture puts a pod's capture into its network namespace and
 // takes it out again: policy routing and the nftables table, always in the
 // same order. The lifecycle engine and the ZDS server reach namespaces
-// only through an Engine, so their logic runs the same on the kernel and
+// only through an Engine and the Namespaces it opens, so their logic runs the same on the kernel and
 // on the in-memory capturetest.Fake, which the contract suite
 // (capturetest.Run) holds to the kernel's behaviour.
 package capture
@@ -15,9 +15,10 @@ import (
 	"github.com/nftredir/nftredir/nft"
 )
 
-// Namespace is an opened, vetted pod network namespace. Everything done
-// to it after Open goes through this value, so a path swapped after the
-// checks cannot redirect the work elsewhere.
+// Namespace is an opened, vetted pod network namespace, and the only way
+// to program it: everything done to it after Open goes through this
+// value, so a path swapped after the checks cannot redirect the work
+// elsewhere, and each engine's namespace carries what its own work needs.
 type Namespace interface {
 	// Path is what the namespace was opened from, for logs and records.
 	Path() string
@@ -26,8 +27,33 @@ type Namespace interface {
 	// Fd is an open descriptor of the namespace, valid until Close; the
 	// ZDS server hands it to the node proxy.
 	Fd() int
-	// Close releases the namespace. Safe to call twice.
+	// Close releases the namespace. Safe to call twice; every other
+	// method fails after it.
 	Close() error
+
+	// Apply installs the policy routing, then replaces our table with rs
+	// in one transaction. On error the table is as it was; routing may
+	// have been added (Remove takes it out). A namespace holding another
+	// agent's capture is refused with ErrForeignCapture and left
+	// untouched, unless the engine takes over, which removes that capture
+	// in the same transaction; legacy iptables rules are always refused.
+	Apply(ctx context.Context, rs *nft.Ruleset, r netns.Routing) error
+	// Reroute replaces the routing old with r, for a pod whose daemon
+	// flags changed since it was enrolled; the table is left alone. r is
+	// installed even when removing old fails (the error says so): the two
+	// may share a route.
+	Reroute(ctx context.Context, old, r netns.Routing) error
+	// Remove deletes our table, then the routing. It succeeds when either
+	// or both are already gone.
+	Remove(ctx context.Context, r netns.Routing) error
+	// RemoveRouting deletes only the routing, for a namespace whose table
+	// is already gone or was never ours.
+	RemoveRouting(ctx context.Context, r netns.Routing) error
+	// Inspect compares the namespace with rs and r.
+	Inspect(ctx context.Context, rs *nft.Ruleset, r netns.Routing) (Live, error)
+	// Owner returns the pod id our table carries ("" when it cannot be
+	// attributed to exactly one pod) and whether the table exists.
+	Owner(ctx context.Context) (pod string, exists bool, err error)
 }
 
 // Live is what a namespace holds of a pod's capture right now.
@@ -51,34 +77,11 @@ func (l Live) InSync() bool {
 	return l.Table == nft.StatusInSync && l.Routing.Complete() && l.Foreign == ""
 }
 
-// Engine opens pod namespaces and programs them.
+// Engine opens pod namespaces; the opened Namespace programs them.
 type Engine interface {
 	// Open opens and vets a namespace path. Its errors wrap the netns
 	// sentinels (netns.ErrNotExist, ErrNotNetns, ErrHostNetns, ...).
 	Open(path string) (Namespace, error)
-	// Apply installs the policy routing, then replaces our table with rs
-	// in one transaction. On error the table is as it was; routing may
-	// have been added (Remove takes it out). A namespace holding another
-	// agent's capture is refused with ErrForeignCapture and left
-	// untouched, unless the engine takes over, which removes that capture
-	// in the same transaction; legacy iptables rules are always refused.
-	Apply(ctx context.Context, ns Namespace, rs *nft.Ruleset, r netns.Routing) error
-	// Reroute replaces the routing old with r, for a pod whose daemon
-	// flags changed since it was enrolled; the table is left alone. r is
-	// installed even when removing old fails (the error says so): the two
-	// may share a route.
-	Reroute(ctx context.Context, ns Namespace, old, r netns.Routing) error
-	// Remove deletes our table, then the routing. It succeeds when either
-	// or both are already gone.
-	Remove(ctx context.Context, ns Namespace, r netns.Routing) error
-	// RemoveRouting deletes only the routing, for a namespace whose table
-	// is already gone or was never ours.
-	RemoveRouting(ctx context.Context, ns Namespace, r netns.Routing) error
-	// Inspect compares the namespace with rs and r.
-	Inspect(ctx context.Context, ns Namespace, rs *nft.Ruleset, r netns.Routing) (Live, error)
-	// Owner returns the pod id our table in ns carries ("" when it cannot
-	// be attributed to exactly one pod) and whether the table exists.
-	Owner(ctx context.Context, ns Namespace) (pod string, exists bool, err error)
 	// Candidates lists paths where pod namespaces may be found, for the
 	// last-resort search of a record too damaged to name its own.
 	Candidates() []string

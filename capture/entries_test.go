@@ -59,7 +59,7 @@ func TestOneNamespaceEntryPerAddPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ns.Close()
-	l, err := env.Engine().Inspect(context.Background(), ns, mustBuild(t), netns.DefaultRouting())
+	l, err := ns.Inspect(context.Background(), mustBuild(t), netns.DefaultRouting())
 	if err != nil || !l.InSync() {
 		t.Errorf("the child's AddPod did not take: %v, %+v, %v", l.Table, l.Routing, err)
 	}
@@ -90,12 +90,12 @@ func addPodAndOwner(path string) error {
 		return err
 	}
 	defer ns.Close()
-	if err := e.Apply(ctx, ns, rs, r); err != nil {
+	if err := ns.Apply(ctx, rs, r); err != nil {
 		return err
 	}
-	if _, err := e.Inspect(ctx, ns, rs, r); err != nil {
+	if _, err := ns.Inspect(ctx, rs, r); err != nil {
 		return err
 	}
-	_, _, err = e.Owner(ctx, ns)
+	_, _, err = ns.Owner(ctx)
 	return err
 }

@@ -53,17 +53,15 @@ func (k *Kernel) Open(path string) (Namespace, error) {
 	if err != nil {
 		return nil, err
 	}
-	return h, nil
+	return &kernelNamespace{Handle: h, applier: k.applier, takeOver: k.takeOver}, nil
 }
 
-// handle gets the real namespace back: a Namespace from another engine
-// is a programming error, reported rather than panicking a request.
-func handle(ns Namespace) (*netns.Handle, error) {
-	h, ok := ns.(*netns.Handle)
-	if !ok || h == nil {
-		return nil, fmt.Errorf("capture: namespace %T was not opened by the kernel engine", ns)
-	}
-	return h, nil
+// kernelNamespace is a namespace the kernel engine opened: the guard's
+// handle (Path, ID, Fd, Close) and what programming it takes.
+type kernelNamespace struct {
+	*netns.Handle
+	applier  nft.Applier
+	takeOver bool
 }
 
 // Apply looks for another agent's capture first: a namespace it refuses
@@ -71,34 +69,28 @@ func handle(ns Namespace) (*netns.Handle, error) {
 // marks never point at a routing table that is not there yet, and
 // replaces our table (with the foreign capture, when taking over, in the
 // same transaction).
-func (k *Kernel) Apply(ctx context.Context, ns Namespace, rs *nft.Ruleset, r netns.Routing) error {
-	h, err := handle(ns)
+func (ns *kernelNamespace) Apply(ctx context.Context, rs *nft.Ruleset, r netns.Routing) error {
+	h := ns.Handle
+	f, err := ns.applier.FindForeign(ctx, h)
 	if err != nil {
 		return err
 	}
-	f, err := k.applier.FindForeign(ctx, h)
-	if err != nil {
-		return err
-	}
-	if err := CheckForeign(h.Path(), f, k.takeOver); err != nil {
+	if err := CheckForeign(h.Path(), f, ns.takeOver); err != nil {
 		return err
 	}
 	if err := netns.EnsureRouting(h, r); err != nil {
 		return fmt.Errorf("install policy routing: %w", err)
 	}
 	if !f.Empty() {
-		return k.applier.TakeOver(ctx, h, rs, f)
+		return ns.applier.TakeOver(ctx, h, rs, f)
 	}
-	return k.applier.Apply(ctx, h, rs)
+	return ns.applier.Apply(ctx, h, rs)
 }
 
 // Reroute removes the old routing before installing the new one: the two
 // may share a table or priority, and the kernel would keep only one.
-func (k *Kernel) Reroute(_ context.Context, ns Namespace, old, r netns.Routing) error {
-	h, err := handle(ns)
-	if err != nil {
-		return err
-	}
+func (ns *kernelNamespace) Reroute(_ context.Context, old, r netns.Routing) error {
+	h := ns.Handle
 	// The new routing is ensured even when the old one could not all be
 	// removed: they may share a route, which a partial removal took.
 	var rmErr error
@@ -112,36 +104,25 @@ func (k *Kernel) Reroute(_ context.Context, ns Namespace, old, r netns.Routing) 
 }
 
 // Remove takes the table out before the routing, the reverse of Apply.
-func (k *Kernel) Remove(ctx context.Context, ns Namespace, r netns.Routing) error {
-	h, err := handle(ns)
-	if err != nil {
+func (ns *kernelNamespace) Remove(ctx context.Context, r netns.Routing) error {
+	if err := ns.applier.Remove(ctx, ns.Handle); err != nil {
 		return err
 	}
-	if err := k.applier.Remove(ctx, h); err != nil {
-		return err
-	}
-	return k.RemoveRouting(ctx, ns, r)
+	return ns.RemoveRouting(ctx, r)
 }
 
 // RemoveRouting deletes the rules and routes of r.
-func (k *Kernel) RemoveRouting(_ context.Context, ns Namespace, r netns.Routing) error {
-	h, err := handle(ns)
-	if err != nil {
-		return err
-	}
-	if err := netns.RemoveRouting(h, r); err != nil {
+func (ns *kernelNamespace) RemoveRouting(_ context.Context, r netns.Routing) error {
+	if err := netns.RemoveRouting(ns.Handle, r); err != nil {
 		return fmt.Errorf("remove policy routing: %w", err)
 	}
 	return nil
 }
 
 // Inspect reads the table, the routing and any foreign capture.
-func (k *Kernel) Inspect(ctx context.Context, ns Namespace, rs *nft.Ruleset, r netns.Routing) (Live, error) {
-	h, err := handle(ns)
-	if err != nil {
-		return Live{}, err
-	}
-	st, text, err := k.applier.Verify(ctx, h, rs)
+func (ns *kernelNamespace) Inspect(ctx context.Context, rs *nft.Ruleset, r netns.Routing) (Live, error) {
+	h := ns.Handle
+	st, text, err := ns.applier.Verify(ctx, h, rs)
 	if err != nil {
 		return Live{}, fmt.Errorf("verify table: %w", err)
 	}
@@ -150,7 +131,7 @@ func (k *Kernel) Inspect(ctx context.Context, ns Namespace, rs *nft.Ruleset, r n
 		return Live{}, fmt.Errorf("inspect policy routing: %w", err)
 	}
 	l := Live{Table: st, Text: text, Routing: rt}
-	f, err := k.applier.FindForeign(ctx, h)
+	f, err := ns.applier.FindForeign(ctx, h)
 	if err != nil {
 		return Live{}, err
 	}
@@ -161,12 +142,8 @@ func (k *Kernel) Inspect(ctx context.Context, ns Namespace, rs *nft.Ruleset, r n
 }
 
 // Owner asks the applier whose table ns holds.
-func (k *Kernel) Owner(ctx context.Context, ns Namespace) (string, bool, error) {
-	h, err := handle(ns)
-	if err != nil {
-		return "", false, err
-	}
-	return k.applier.Owner(ctx, h)
+func (ns *kernelNamespace) Owner(ctx context.Context) (string, bool, error) {
+	return ns.applier.Owner(ctx, ns.Handle)
 }
 
 // Candidates lists the bind-mounted namespaces, then every process's.

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/nftredir/nftredir/capture/capturetest"
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 )
 
 // TestContractKernel holds the kernel engine to the contract the Fake is

@@ -31,7 +31,7 @@ const DefaultSocket = defaults.Socket
 
 // ServiceName is the RedirectService's full name, which is also its
 // grpc.health.v1 service name.
-const ServiceName = "nftredir.v1.RedirectService"
+const ServiceName = nftredirv1.ServiceName
 
 // Option configures a Client.
 type Option func(*config)

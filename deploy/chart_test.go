@@ -20,8 +20,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/nftredir/nftredir/internal/defaults"
-	"github.com/nftredir/nftredir/internal/golden"
-	"github.com/nftredir/nftredir/internal/helmbin"
+	"github.com/nftredir/nftredir/internal/testkit/golden"
+	"github.com/nftredir/nftredir/internal/testkit/helmbin"
 	"github.com/nftredir/nftredir/kube"
 )
 

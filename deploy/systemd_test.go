@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/nftredir/nftredir/client"
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 

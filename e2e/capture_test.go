@@ -11,7 +11,7 @@ import (
 	"github.com/google/nftables/expr"
 
 	"github.com/nftredir/nftredir/internal/defaults"
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 )

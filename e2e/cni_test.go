@@ -23,7 +23,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/nftredir/nftredir/client"
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/nftredir/nftredir/client"
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 	nftstate "github.com/nftredir/nftredir/state"

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 )
 
 // shownSocket stands for the test's socket path in the transcript, so

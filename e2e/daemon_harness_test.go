@@ -21,7 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/nftredir/nftredir/client"
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/nftredir/nftredir/client"
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 )
 
 // startWithStderr runs the built daemon with stderr the write end of a

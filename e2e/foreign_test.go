@@ -12,7 +12,7 @@ import (
 
 	"github.com/nftredir/nftredir/capture"
 	"github.com/nftredir/nftredir/capture/capturetest"
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 )
@@ -118,6 +118,14 @@ func TestTakeOverIstioCNI(t *testing.T) {
 		p.expect(t, p.Pod, out, istioOutbound)
 		p.expect(t, p.Peer, in, istioInbound)
 
+		// Opened before the probes start: they enter namespaces on
+		// locked threads, and the guard reads the node's namespace from
+		// /proc/self, the main thread's, which a probe may be holding.
+		ns, err := p.engine(t, true).Open(p.Pod.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ns.Close()
 		c := &tally{by: map[string]int{}}
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
@@ -144,7 +152,7 @@ func TestTakeOverIstioCNI(t *testing.T) {
 		time.Sleep(150 * time.Millisecond)
 		rs := build(t, p.ourSpec())
 		began := time.Now()
-		err := p.engine(t, true).Apply(t.Context(), p.h, rs, netns.DefaultRouting())
+		err = ns.Apply(t.Context(), rs, netns.DefaultRouting())
 		took := time.Since(began)
 		time.Sleep(150 * time.Millisecond)
 		close(stop)
@@ -228,7 +236,7 @@ func TestForeignCaptureRefused(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			err = eng.Apply(t.Context(), ns, build(t, p.spec()), netns.DefaultRouting())
+			err = ns.Apply(t.Context(), build(t, p.spec()), netns.DefaultRouting())
 			ns.Close()
 			if !errors.Is(err, capture.ErrForeignCapture) || !strings.Contains(err.Error(), tc.names) {
 				t.Fatalf("%s: Apply = %v; want ErrForeignCapture naming %q", tc.name, err, tc.names)
@@ -258,12 +266,13 @@ func withoutProxy(t *testing.T, vs []variant, f func(t *testing.T, p *pod)) {
 	}
 }
 
-// dumpAll is the pod's nftables ruleset, legacy rules (without counters
-// or dates) and policy routing.
+// dumpAll is the pod's nftables ruleset, legacy rules and policy routing,
+// without counter values or dates: the namespace's own IPv6 traffic (MLD,
+// router solicitations) moves the foreign rules' counters meanwhile.
 func dumpAll(t *testing.T, p *pod) string {
 	t.Helper()
 	var sb strings.Builder
-	sb.WriteString(p.Pod.Nft(t, "list", "ruleset"))
+	sb.WriteString(p.Pod.Nft(t, "-s", "list", "ruleset"))
 	for _, save := range []string{"iptables-legacy-save", "ip6tables-legacy-save"} {
 		for l := range strings.Lines(p.Pod.Run(t, save)) {
 			if !strings.HasPrefix(l, "#") && !strings.HasPrefix(l, ":") {

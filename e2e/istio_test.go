@@ -18,18 +18,27 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/nftredir/nftredir/internal/istiotest"
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/capture/capturetest"
+	"github.com/nftredir/nftredir/internal/testkit/istiotest"
+	"github.com/nftredir/nftredir/internal/testkit/kcluster"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
+	"github.com/nftredir/nftredir/kube"
 )
 
-// istioMesh is a meshCluster with stock istiod and ztunnel: ztunnel is
-// nftredird's ZDS peer, istiod its control plane.
+// istioMesh is a cluster with stock istiod and ztunnel and nftredir
+// installed from its chart, as the README tells users: ztunnel is the
+// DaemonSet daemon's ZDS peer, istiod its control plane.
 type istioMesh struct {
 	*meshCluster
+	chart   *chartInstall
 	istiod  *istiotest.Istiod
 	ztunnel *istiotest.Ztunnel
 }
 
+// startIstioMesh starts the cluster, istiod, nftredir (installChart: the
+// DaemonSet from charts/nftredir, the image imported into containerd)
+// and ztunnel as a host process on the node, connected to the
+// DaemonSet's ZDS socket.
 func startIstioMesh(t *testing.T) *istioMesh {
 	t.Helper()
 	nstest.RequirePrivileged(t)
@@ -37,10 +46,15 @@ func startIstioMesh(t *testing.T) *istioMesh {
 		t.Skipf("Istio suite skipped because %s=1", skipK8sEnv)
 	}
 	bins := istiotest.Require(t)
-	m := startMeshCluster(t)
-	im := &istioMesh{meshCluster: m}
-	im.istiod = istiotest.StartIstiod(t, m.Cluster, bins)
-	im.ztunnel = istiotest.StartZtunnel(t, m.Cluster, bins, im.istiod, m.zds)
+	begin := time.Now()
+	c := startCluster(t)
+	im := &istioMesh{istiod: istiotest.StartIstiod(t, c, bins)}
+	h := newDSHost(t, c)
+	im.chart = installChart(t, c, h, nil)
+	t.Logf("nftredir DaemonSet pod %s Ready %s after helm install", im.chart.Pod.Name, im.chart.Took.Round(time.Millisecond))
+	im.meshCluster = &meshCluster{Cluster: c, api: im.chart.API, zds: h.zdsSocket(), cniLog: h.cniLog}
+	im.ztunnel = istiotest.StartZtunnel(t, c, bins, im.istiod, h.zdsSocket())
+	t.Logf("Istio mesh up in %s", time.Since(begin).Round(time.Millisecond))
 	return im
 }
 
@@ -166,15 +180,19 @@ func (im *istioMesh) certIdentities(t *testing.T) (ids map[string]string, verify
 	return ids, nil
 }
 
-// TestIstioAmbientMesh runs a real ambient mesh on nftredir: stock istiod
-// issues the identities and pushes Services and policy, stock ztunnel gets
-// the pods from nftredird over ZDS and carries their traffic as HBONE.
+// TestIstioAmbientMesh runs a real ambient mesh on nftredir installed from
+// its chart: stock istiod issues the identities and pushes Services and
+// policy, stock ztunnel gets the pods from the DaemonSet's daemon over ZDS
+// and carries their traffic as HBONE. One cluster serves every check; the
+// restarts come last.
 func TestIstioAmbientMesh(t *testing.T) {
+	begin := time.Now()
 	im := startIstioMesh(t)
 	const ns = "mesh"
 	im.CreateNamespace(t, ns, map[string]string{meshLabel: meshEnabled})
 	im.CreateNamespace(t, "outside", nil)
-	for _, sa := range []string{"client-sa", "server-sa", "other-sa"} {
+	im.CreateNamespace(t, "legacy", nil)
+	for _, sa := range []string{"client-sa", "server-sa", "other-sa", "bypass-sa"} {
 		if _, err := im.Client.CoreV1().ServiceAccounts(ns).Create(t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -182,17 +200,35 @@ func TestIstioAmbientMesh(t *testing.T) {
 	withSA := func(sa string) func(*corev1.Pod) {
 		return func(p *corev1.Pod) { p.Spec.ServiceAccountName = sa }
 	}
-	server := im.runPod(t, ns, "server", withSA("server-sa"), withLabels(map[string]string{"app": "server"}))
-	client := im.runPod(t, ns, "client", withSA("client-sa"))
-	other := im.runPod(t, ns, "other", withSA("other-sa"))
-	outsider := im.runPod(t, "outside", "outsider")
-	for _, p := range []*corev1.Pod{server, client, other} {
-		im.waitEnrolled(t, p.UID, true)
-		im.waitAnnotation(t, p, redirectionEnabled)
+	// Created together, so their sandboxes start side by side.
+	for _, p := range []struct {
+		ns, name string
+		mutate   []func(*corev1.Pod)
+	}{
+		{ns, "server", []func(*corev1.Pod){withSA("server-sa"), withLabels(map[string]string{"app": "server"})}},
+		{ns, "client", []func(*corev1.Pod){withSA("client-sa")}},
+		{ns, "other", []func(*corev1.Pod){withSA("other-sa")}},
+		{ns, "bypass", []func(*corev1.Pod){withSA("bypass-sa"), withAnnotations(map[string]string{kube.AnnotationIstioBypassInbound: "true"})}},
+		{ns, "nodns", []func(*corev1.Pod){withSA("client-sa"), withAnnotations(map[string]string{kube.AnnotationIstioDNSCapture: "false"})}},
+		{"outside", "outsider", nil},
+		{"legacy", "legacy", nil},
+	} {
+		im.createPod(t, p.ns, p.name, p.mutate...)
 	}
+	pods := map[string]*corev1.Pod{}
+	for _, name := range []string{"server", "client", "other", "bypass", "nodns"} {
+		pods[name] = im.WaitPodReady(t, ns, name)
+		im.waitEnrolled(t, pods[name].UID, true)
+		im.waitAnnotation(t, pods[name], redirectionEnabled)
+	}
+	server, client, other := pods["server"], pods["client"], pods["other"]
+	outsider := im.WaitPodReady(t, "outside", "outsider")
+	legacy := im.WaitPodReady(t, "legacy", "legacy")
 	clientNS, otherNS, outsiderNS := im.podNetns(t, client), im.podNetns(t, other), im.podNetns(t, outsider)
-	serverAddr := netip.AddrPortFrom(netip.MustParseAddr(server.Status.PodIP), 8080).String()
+	ip := func(p *corev1.Pod) netip.Addr { return mustAddr(t, p.Status.PodIP) }
+	serverAddr := netip.AddrPortFrom(ip(server), 8080).String()
 	clientID, serverID, otherID := istiotest.SPIFFE(ns, "client-sa"), istiotest.SPIFFE(ns, "server-sa"), istiotest.SPIFFE(ns, "other-sa")
+	t.Logf("pods Ready, enrolled and annotated %s after the test's start", time.Since(begin).Round(time.Millisecond))
 
 	t.Run("mesh pods get istiod-issued identities", func(t *testing.T) {
 		// ztunnel fetches a certificate per local workload's identity
@@ -217,6 +253,7 @@ func TestIstioAmbientMesh(t *testing.T) {
 		t.Logf("ztunnel: %s", line)
 	})
 
+	var vip netip.Addr
 	t.Run("a Service VIP is reached through ztunnel", func(t *testing.T) {
 		svc, err := im.Client.CoreV1().Services(ns).Create(t.Context(), &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: "server"},
@@ -228,19 +265,114 @@ func TestIstioAmbientMesh(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		vip = mustAddr(t, svc.Spec.ClusterIP)
 		// There is no kube-proxy: only ztunnel knows where the VIP goes.
-		vip := netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIP), 80).String()
-		waitAnswer(t, clientNS, vip, "server")
+		to := netip.AddrPortFrom(vip, 80).String()
+		waitAnswer(t, clientNS, to, "server")
 		// The control: a pod outside the mesh has no way to the VIP.
-		if got, err := exchange(outsiderNS, vip); err == nil {
-			t.Errorf("a pod outside the mesh reached the VIP %s without ztunnel: %q", vip, got)
+		if got, err := exchange(outsiderNS, to); err == nil {
+			t.Errorf("a pod outside the mesh reached the VIP %s without ztunnel: %q", to, got)
 		}
 		host := fmt.Sprintf("server.%s.svc.cluster.local", ns)
 		line := im.ztunnel.WaitLog(t, 10*time.Second, "connection complete", host, "src.identity=", clientID, serverID)
-		t.Logf("VIP %s: ztunnel: %s", vip, line)
+		t.Logf("VIP %s: ztunnel: %s", to, line)
 	})
 
-	t.Run("AuthorizationPolicy ALLOW admits its principal only", func(t *testing.T) {
+	t.Run("DNS is answered by ztunnel; ambient.istio.io/dns-capture=false leaves it alone", func(t *testing.T) {
+		if !vip.IsValid() {
+			t.Skip("no Service VIP")
+		}
+		// A resolver the pods can reach, answering every name with an
+		// address of its own: whoever answers is plain to see.
+		res := startNodeResolver(t, im.Cluster, netip.MustParseAddr("192.0.2.53"))
+		name := fmt.Sprintf("server.%s.svc.cluster.local.", ns)
+		nodnsNS := im.podNetns(t, pods["nodns"])
+		got, err := queryA(nodnsNS, res.addr, name)
+		if err != nil || len(got) != 1 || got[0] != res.answer {
+			t.Fatalf("nodns (dns-capture=false) asking %s for %s: %v, %v; want the node resolver's %s", res.addr, name, got, err, res.answer)
+		}
+		t.Logf("nodns (dns-capture=false) -> %s: %s %v, from the node resolver (%d query seen there)", res.addr, name, got, res.queriesFrom(ip(pods["nodns"])))
+		// The same question from a pod with Istio's default: answered
+		// by ztunnel's DNS proxy, from what istiod pushed; the resolver
+		// it was sent to never sees it.
+		var last []netip.Addr
+		waitUntil(t, "ztunnel to answer the client's query with the Service VIP", 15*time.Second, func() bool {
+			last, err = queryA(clientNS, res.addr, name)
+			return err == nil && len(last) == 1 && last[0] == vip
+		})
+		if n := res.queriesFrom(ip(client)); n != 0 {
+			t.Errorf("the node resolver saw %d queries from the client, whose DNS is captured", n)
+		}
+		t.Logf("client (DNS captured) -> %s: %s %v = the Service VIP, answered by ztunnel (node resolver saw %d queries from the client)", res.addr, name, last, res.queriesFrom(ip(client)))
+	})
+
+	t.Run("ambient.istio.io/bypass-inbound-capture: inbound reaches the app directly, outbound is still captured", func(t *testing.T) {
+		bypass := pods["bypass"]
+		bypassNS := im.podNetns(t, bypass)
+		// The control: without the annotation the app sees ztunnel's
+		// connection (another source port), not the caller's.
+		r := probeOnce(outsiderNS, ip(outsider), serverAddr, 3*time.Second)
+		if !r.answeredBy("server") || r.direct() {
+			t.Fatalf("outsider -> server (inbound captured, no policy yet): %v; want the server's answer through ztunnel", r)
+		}
+		t.Logf("outsider -> server, captured: %v", r)
+		r = probeOnce(outsiderNS, ip(outsider), netip.AddrPortFrom(ip(bypass), 8080).String(), 3*time.Second)
+		if !r.answeredBy("bypass") || !r.direct() {
+			t.Fatalf("outsider -> bypass: %v; want the app itself, seeing the caller's own address", r)
+		}
+		t.Logf("outsider -> bypass, not captured: %v", r)
+		r = probeOnce(bypassNS, ip(bypass), serverAddr, 3*time.Second)
+		if !r.answeredBy("server") || r.direct() {
+			t.Fatalf("bypass -> server: %v; want the server's answer through ztunnel", r)
+		}
+		line := im.ztunnel.WaitLog(t, 10*time.Second, "connection complete", "dst.hbone_addr=", "src.identity=", istiotest.SPIFFE(ns, "bypass-sa"), "dst.identity=", serverID)
+		t.Logf("bypass -> server, captured: %v; ztunnel: %s", r, line)
+	})
+
+	t.Run("legacy iptables rules in a pod: refused with an Event, the pod untouched", func(t *testing.T) {
+		lns := im.podNetns(t, legacy)
+		lns.Run(t, "iptables-legacy", strings.Fields(capturetest.LegacyRule)...)
+		rules := lns.Run(t, "iptables-legacy", "-t", "nat", "-S")
+		before := im.sandboxOf(t, legacy)
+		// The namespace joins the mesh: nftredir finds the running pod
+		// and must refuse it rather than stack its rules on rules it
+		// can neither read nor remove.
+		labelled := time.Now()
+		im.label(t, "namespace", "", "legacy", meshEnabled)
+		im.waitEvent(t, legacy, "CaptureRefused", "legacy iptables table nat")
+		for _, e := range im.PodEvents(t, legacy.Namespace, legacy.Name) {
+			if e.Reason == "CaptureRefused" {
+				t.Logf("%s after the label: Event %s %s (x%d): %s", time.Since(labelled).Round(time.Millisecond), e.Type, e.Reason, e.Count, e.Message)
+			}
+		}
+		// The daemon retries; nothing may change meanwhile.
+		time.Sleep(3 * time.Second)
+		if rec := im.enrolled(t, legacy.UID); rec != nil {
+			t.Errorf("legacy pod enrolled: %+v", rec)
+		}
+		if out := lns.Run(t, "nft", "list", "tables"); strings.Contains(out, "nftredir") {
+			t.Errorf("nftredir table in the refused pod:\n%s", out)
+		}
+		if after := lns.Run(t, "iptables-legacy", "-t", "nat", "-S"); after != rules {
+			t.Errorf("legacy rules changed:\n%s\nwant:\n%s", after, rules)
+		}
+		p, err := im.Client.CoreV1().Pods("legacy").Get(t.Context(), "legacy", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, ok := p.Annotations[kube.RedirectionAnnotation]; ok {
+			t.Errorf("refused pod annotated %s=%q", kube.RedirectionAnnotation, v)
+		}
+		if !kcluster.PodReady(p) {
+			t.Errorf("refused pod not Ready")
+		}
+		im.wantUnchanged(t, legacy, before)
+		line := im.answer(t, legacy)
+		wantDirect(t, line, "legacy")
+		t.Logf("refused pod: Ready, sandbox %v and %d restarts unchanged, no nftredir table, its rules as they were:\n%snode -> legacy:8080: %s", before.ids, before.restarts, rules, line)
+	})
+
+	policy := t.Run("AuthorizationPolicy ALLOW admits its principal only", func(t *testing.T) {
 		// Without a policy everyone gets through: what the policy then
 		// refuses, it refuses because of the policy.
 		waitAnswer(t, otherNS, serverAddr, "server")
@@ -285,8 +417,126 @@ spec:
 		line := im.ztunnel.WaitLog(t, 10*time.Second, "connection complete", "src.addr="+outsider.Status.PodIP+":", "policy rejection")
 		t.Logf("outsider: ztunnel: %s", line)
 	})
+
+	t.Run("nftredir and ztunnel restarted under steady connections: never uncaptured", func(t *testing.T) {
+		if !policy {
+			t.Skip("needs the ALLOW policy")
+		}
+		im.restartsKeepCapture(t, server, client, other, outsider)
+	})
 	if t.Failed() {
 		t.Logf("ztunnel config_dump:\n%s", im.ztunnel.ConfigDump(t))
 		os.Stdout.Sync()
 	}
+	t.Logf("TestIstioAmbientMesh took %s", time.Since(begin).Round(time.Millisecond))
+}
+
+// restartsKeepCapture probes the server every 100 ms from the allowed
+// client, the mesh pod of another identity and the pod outside the mesh,
+// under the ALLOW policy, while the DaemonSet's pod is deleted (and comes
+// back) and then ztunnel is restarted. The app names the peer it saw and
+// every probe binds a source port below the pods' ephemeral range, so a
+// connection that reached the app without passing ztunnel shows as the
+// probe's own address: any such answer fails the test, as does any answer
+// to the two callers the policy refuses.
+func (im *istioMesh) restartsKeepCapture(t *testing.T, server, client, other, outsider *corev1.Pod) {
+	to := netip.AddrPortFrom(mustAddr(t, server.Status.PodIP), 8080).String()
+	eph := checkBelowEphemeral(t, im.podNetns(t, server))
+	const every = 100 * time.Millisecond
+	probers := []*prober{
+		startProber(t, "client-sa -> server", im.podNetns(t, client), mustAddr(t, client.Status.PodIP), to, every),
+		startProber(t, "other-sa -> server", im.podNetns(t, other), mustAddr(t, other.Status.PodIP), to, every),
+		startProber(t, "outsider -> server", im.podNetns(t, outsider), mustAddr(t, outsider.Status.PodIP), to, every),
+	}
+	allowed := probers[0]
+	answered := func(r try) bool { return r.answeredBy("server") && !r.direct() }
+	refused := func(r try) bool { return r.answer == "" }
+	oks := []func(try) bool{answered, refused, refused}
+	// Bad: an answer that did not pass ztunnel; for the refused callers,
+	// any answer at all.
+	bads := []func(try) bool{func(r try) bool { return r.direct() }, func(r try) bool { return r.answer != "" }, func(r try) bool { return r.answer != "" }}
+	report := func(what string, from, until time.Time) []phase {
+		t.Helper()
+		var out []phase
+		for i, p := range probers {
+			ph := summarize(p.tries(from, until), oks[i], bads[i])
+			t.Logf("%s: %s: %s", what, p.name, ph)
+			for _, r := range ph.bad {
+				t.Errorf("%s: %s: reached the app without ztunnel's consent: %v", what, p.name, r)
+			}
+			out = append(out, ph)
+		}
+		return out
+	}
+
+	start := time.Now()
+	allowed.waitRun(t, start, 10, 15*time.Second, answered)
+	steady := time.Now()
+	report("steady, before the restarts", start, steady)
+
+	took := im.chart.restartPod(t)
+	// Capture in the pods never depended on the daemon; ztunnel
+	// reconnects to the new one and takes its snapshot.
+	allowed.waitRun(t, steady.Add(took), 10, 60*time.Second, answered)
+	for _, p := range []*corev1.Pod{server, client, other} {
+		im.waitEnrolled(t, p.UID, true)
+	}
+	mid := time.Now()
+	t.Logf("nftredir's DaemonSet pod deleted; %s Ready %s later; ephemeral ports of the server's namespace %s", im.chart.Pod.Name, took.Round(time.Millisecond), eph)
+	t.Logf("the new daemon's ZDS: %s", im.waitSnapshots(t, 1))
+	report("nftredir pod deleted, back, 10 answers in a row", steady, mid)
+
+	// Down for 3 s, as a replacement pod would leave the node: the
+	// pods' rules then point at listeners that are gone, and every try
+	// must fail rather than reach the app.
+	const down = 3 * time.Second
+	stopped, ready := im.ztunnel.Restart(t, down)
+	allowed.waitRun(t, mid.Add(stopped+down+ready), 10, 60*time.Second, answered)
+	t.Logf("ztunnel stopped in %s, none for %s, the new one ready %s later", stopped.Round(time.Millisecond), down, ready.Round(time.Millisecond))
+	t.Logf("the daemon's ZDS after the restart of ztunnel: %s", im.waitSnapshots(t, 2))
+	back := time.Now()
+	if phs := report("ztunnel restarted, ready, 10 answers in a row", mid, back); phs[0].failed == 0 {
+		t.Errorf("%s: no failed try while ztunnel was down for %s: the probes never met the outage", allowed.name, down)
+	}
+	time.Sleep(2 * time.Second)
+	end := time.Now()
+	for _, p := range probers {
+		p.stop()
+	}
+	report("2 s after", back, end)
+	ph := summarize(allowed.tries(start, end), answered, func(try) bool { return false })
+	t.Logf("whole run: %s: %s", allowed.name, ph)
+	if after := summarize(allowed.tries(back, end), answered, func(try) bool { return false }); after.failed > 0 {
+		t.Errorf("%s: %d failed tries after the recovery", allowed.name, after.failed)
+	}
+}
+
+// waitSnapshots waits until the DaemonSet's current daemon has sent n ZDS
+// snapshots (one per ztunnel connection), the last one holding every pod
+// it has enrolled, and returns its log lines about them.
+func (im *istioMesh) waitSnapshots(t *testing.T, n int) string {
+	t.Helper()
+	var lines []string
+	var want int
+	waitUntil(t, fmt.Sprintf("%d ZDS snapshots from %s", n, im.chart.Pod.Name), 30*time.Second, func() bool {
+		pods, err := im.api.ListPods(t.Context())
+		if err != nil {
+			return false
+		}
+		want = len(pods)
+		lines = nil
+		for _, l := range strings.Split(im.PodLogs(t, dsNamespace, im.chart.Pod.Name, "nftredird"), "\n") {
+			if strings.Contains(l, "node proxy connected") || strings.Contains(l, "snapshot sent") {
+				lines = append(lines, l)
+			}
+		}
+		var sent []string
+		for _, l := range lines {
+			if strings.Contains(l, "snapshot sent") {
+				sent = append(sent, l)
+			}
+		}
+		return len(sent) >= n && strings.Contains(sent[len(sent)-1], fmt.Sprintf(`"pods":%d`, want))
+	})
+	return fmt.Sprintf("%d pods enrolled; log:\n%s", want, strings.Join(lines, "\n"))
 }

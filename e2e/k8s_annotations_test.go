@@ -12,8 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/nftredir/nftredir/internal/defaults"
-	"github.com/nftredir/nftredir/internal/nstest"
-	"github.com/nftredir/nftredir/internal/zdstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/zdstest"
 	"github.com/nftredir/nftredir/kube"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )

@@ -14,8 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nftredir/nftredir/internal/enrolment"
-	"github.com/nftredir/nftredir/internal/kcluster"
 	"github.com/nftredir/nftredir/internal/kubelookup"
+	"github.com/nftredir/nftredir/internal/testkit/kcluster"
 	"github.com/nftredir/nftredir/kube"
 )
 

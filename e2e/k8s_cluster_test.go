@@ -18,11 +18,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nftredir/nftredir/internal/defaults"
-	"github.com/nftredir/nftredir/internal/kcluster"
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/kcluster"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 )
 
-// The Kubernetes tests run a real single-node cluster (internal/kcluster)
+// The Kubernetes tests run a real single-node cluster (internal/testkit/kcluster)
 // built from the machine-wide cache hack/k8s-tools.sh fills; `make test`
 // and `make e2e-k8s` fill it first. Their names start with TestK8s.
 

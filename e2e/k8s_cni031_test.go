@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nftredir/nftredir/internal/kcluster"
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/kcluster"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 )
 
 // TestK8sCNI031 runs the cluster on a cniVersion 0.3.1 network, the

@@ -24,11 +24,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/nftredir/nftredir/client"
-	"github.com/nftredir/nftredir/internal/helmbin"
-	"github.com/nftredir/nftredir/internal/kcluster"
 	"github.com/nftredir/nftredir/internal/kubelookup"
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/helmbin"
+	"github.com/nftredir/nftredir/internal/testkit/kcluster"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 	"github.com/nftredir/nftredir/kube"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
@@ -368,27 +367,24 @@ func TestK8sDaemonSet(t *testing.T) {
 	// The network at 0.3.1, as Flannel, Calico, Cilium and kindnet write
 	// theirs by default.
 	c := startClusterWith(t, kcluster.Options{ConflistVersion: "0.3.1"})
-	c.ImportImage(t, img.tarball)
-	// containerd 1.6 took the whole index and unpacked the node's own
-	// platform: the pods below run from it.
-	ls, err := exec.Command(c.ToolPath("ctr"), "--address", c.ContainerdSocket, "--namespace", "k8s.io", "images", "ls", "name==docker.io/library/"+imageTag).CombinedOutput()
-	if err != nil || !strings.Contains(string(ls), "linux/amd64") || !strings.Contains(string(ls), "linux/arm64") {
-		t.Fatalf("ctr images ls after the import: %v\n%s\nwant docker.io/library/%s listing linux/amd64 and linux/arm64", err, ls, imageTag)
-	}
-	t.Logf("ctr -n k8s.io images ls after ctr images import of the index:\n%s", ls)
-
 	h := newDSHost(t, c)
 	// The primary CNI's own file, which an uninstall must give back.
 	origConf, err := os.ReadFile(filepath.Join(c.CNIConfDir, kcluster.ConflistName))
 	if err != nil {
 		t.Fatal(err)
 	}
-	chart := filepath.Join(bin.Repo, "charts", "nftredir")
-	values := writeDSValues(t, c, h)
-	rendered := helm(t, c, "template", dsRelease, chart, "--namespace", dsNamespace, "-f", values)
+	ci := installChart(t, c, h, nil)
+	// containerd 1.6 took the whole index and unpacked the node's own
+	// platform: the DaemonSet's pod runs from it.
+	ls, err := exec.Command(c.ToolPath("ctr"), "--address", c.ContainerdSocket, "--namespace", "k8s.io", "images", "ls", "name==docker.io/library/"+imageTag).CombinedOutput()
+	if err != nil || !strings.Contains(string(ls), "linux/amd64") || !strings.Contains(string(ls), "linux/arm64") {
+		t.Fatalf("ctr images ls after the import: %v\n%s\nwant docker.io/library/%s listing linux/amd64 and linux/arm64", err, ls, imageTag)
+	}
+	t.Logf("ctr -n k8s.io images ls after ctr images import of the index:\n%s", ls)
+	rendered := helm(t, c, "template", dsRelease, filepath.Join(bin.Repo, "charts", "nftredir"), "--namespace", dsNamespace, "-f", ci.Values[0])
 	for _, want := range []string{h.socket(), c.CNIBinDir, c.CNIConfDir, h.cniBinLib, "imagePullPolicy: Never", `image: "nftredir:dev"`} {
 		if !strings.Contains(rendered, want) {
-			t.Fatalf("helm template -f %s lacks %q:\n%s", values, want, rendered)
+			t.Fatalf("helm template -f %s lacks %q:\n%s", ci.Values[0], want, rendered)
 		}
 	}
 	for _, never := range []string{"path: /run/nftredir\n", "path: /var/run/ztunnel\n", "path: /etc/cni/net.d\n", "path: /opt/cni/bin\n", "path: /usr/lib/cni\n"} {
@@ -396,16 +392,10 @@ func TestK8sDaemonSet(t *testing.T) {
 			t.Fatalf("the values still mount the machine's %q", strings.TrimSpace(never))
 		}
 	}
-	// As docs/deploy.md: the namespace first, at the privileged Pod
-	// Security level (hostNetwork, hostPath, capabilities).
-	c.CreateNamespace(t, dsNamespace, map[string]string{"pod-security.kubernetes.io/enforce": "privileged"})
-	applyStart := time.Now()
-	t.Logf("helm install:\n%s", helm(t, c, "install", dsRelease, chart, "--namespace", dsNamespace, "-f", values))
 
-	var daemonPod corev1.Pod
+	daemonPod := ci.Pod
 	t.Run("DaemonSet pod Ready", func(t *testing.T) {
-		daemonPod = waitDSPodReady(t, c)
-		t.Logf("DaemonSet pod %s Ready %s after helm install", daemonPod.Name, time.Since(applyStart).Round(time.Millisecond))
+		t.Logf("DaemonSet pod %s Ready %s after helm install", daemonPod.Name, ci.Took.Round(time.Millisecond))
 		t.Logf("kubectl get ds,pods -A -o wide:\n%s", c.Kubectl(t, "get", "ds,pods", "-A", "-o", "wide"))
 		if !daemonPod.Spec.HostNetwork || daemonPod.Status.PodIP != c.NodeIP.String() {
 			t.Errorf("daemon pod hostNetwork=%v IP %s; want the node's %s", daemonPod.Spec.HostNetwork, daemonPod.Status.PodIP, c.NodeIP)
@@ -464,11 +454,7 @@ func TestK8sDaemonSet(t *testing.T) {
 		t.FailNow()
 	}
 
-	api, err := client.Dial(t.Context(), h.socket(), client.WithTimeout(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { api.Close() })
+	api := ci.API
 	m := &meshCluster{Cluster: c, api: api}
 	inSync := func(t *testing.T, p *corev1.Pod) *nftredirv1.Pod {
 		t.Helper()

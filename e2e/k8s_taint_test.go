@@ -11,8 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nftredir/nftredir/client"
-	"github.com/nftredir/nftredir/internal/kcluster"
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/kcluster"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 	"github.com/nftredir/nftredir/kube"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
@@ -124,10 +124,12 @@ func TestK8sReadinessTaint(t *testing.T) {
 	// Deleting only the DaemonSet, its RBAC still there: the daemon also
 	// clears the released pod's redirection annotation.
 	t.Run("delete the DaemonSet alone", func(t *testing.T) {
-		// "pending": no node proxy acked it over ZDS here.
-		if early, err = c.Client.CoreV1().Pods("mesh").Get(t.Context(), "early", metav1.GetOptions{}); err != nil || early.Annotations[kube.RedirectionAnnotation] == "" {
-			t.Fatalf("mesh/early before: %v %v", err, early.Annotations)
-		}
+		// "pending": no node proxy acked it over ZDS here. The daemon
+		// writes it once the ack grace has passed, so it may not be
+		// there yet.
+		early = c.WaitPod(t, "mesh", "early", kcluster.DefaultTimeout, kube.RedirectionAnnotation+" set", func(p *corev1.Pod) bool {
+			return p.Annotations[kube.RedirectionAnnotation] != ""
+		})
 		t.Logf("mesh/early's %s before: %q", kube.RedirectionAnnotation, early.Annotations[kube.RedirectionAnnotation])
 		c.Kubectl(t, "-n", dsNamespace, "delete", "daemonset", "nftredir", "--wait=true", "--timeout=120s")
 		deadline := time.Now().Add(kcluster.DefaultTimeout)

@@ -17,8 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/nftredir/nftredir/internal/nstest"
-	"github.com/nftredir/nftredir/internal/zdstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/zdstest"
 	"github.com/nftredir/nftredir/kube"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )

@@ -2,11 +2,13 @@ package e2e
 
 import (
 	"bufio"
+	"crypto/sha256"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,9 +20,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/nftredir/nftredir/client"
-	"github.com/nftredir/nftredir/internal/kcluster"
-	"github.com/nftredir/nftredir/internal/nstest"
-	"github.com/nftredir/nftredir/internal/zdstest"
+	"github.com/nftredir/nftredir/internal/testkit/kcluster"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/zdstest"
 	"github.com/nftredir/nftredir/kube"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
@@ -144,10 +146,19 @@ func (m *meshCluster) waitEnrolled(t *testing.T, uid types.UID, want bool) *nftr
 			return p
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("pod %s enrolled=%v after %s, want %v\n%s", uid, p != nil, followTimeout, want, m.daemon.tailLog(40))
+			t.Fatalf("pod %s enrolled=%v after %s, want %v\n%s", uid, p != nil, followTimeout, want, m.daemonLog(40))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// daemonLog is the last n lines of the host process's log, or the
+// DaemonSet pods' logs when the daemon runs from the chart.
+func (m *meshCluster) daemonLog(n int) string {
+	if m.daemon == nil {
+		return dsLogs(m.Cluster)
+	}
+	return m.daemon.tailLog(n)
 }
 
 // Values of the redirection annotation: with ZDS served, a captured pod
@@ -219,6 +230,30 @@ func wantCaptured(t *testing.T, got, app string) {
 
 func withLabels(l map[string]string) func(*corev1.Pod) {
 	return func(p *corev1.Pod) { p.Labels = l }
+}
+
+// filesUnder lists the files under dir, relative, sorted.
+func filesUnder(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			rel, _ := filepath.Rel(dir, path)
+			out = append(out, rel)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// recordName is the file name the state store gives a pod's record of
+// any kind.
+func recordName(uid types.UID) string {
+	return fmt.Sprintf("%x.json", sha256.Sum256([]byte(uid)))
 }
 
 func withAnnotations(a map[string]string) func(*corev1.Pod) {
@@ -365,6 +400,60 @@ func TestK8sKubernetesMode(t *testing.T) {
 		m.label(t, "pod", "plain", "late", "none")
 		m.waitEnrolled(t, p.UID, false)
 		m.label(t, "namespace", "", "plain", "")
+	})
+
+	t.Run("an upgrade from a daemon that kept its Kubernetes records apart loses none", func(t *testing.T) {
+		// Until main fbaf3e9 the agent kept its sightings and annotation
+		// marks in --kubernetes-state-dir, which startMesh still passes (as
+		// an older DaemonSet does): what an older daemon left there is
+		// what this start must move under --state-dir.
+		web, err := m.Client.CoreV1().Pods("mesh").Get(t.Context(), "web", metav1.GetOptions{})
+		if err != nil || web.Annotations[kube.RedirectionAnnotation] != redirectionEnabled {
+			t.Fatalf("mesh/web is not the captured, annotated pod of the first subtest (err %v)", err)
+		}
+		late, err := m.Client.CoreV1().Pods("plain").Get(t.Context(), "late", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		agentDir := filepath.Join(m.daemon.stateDir, "seen")
+		old := filepath.Join(m.dir, "seen")
+		m.daemon.stop(t)
+		before := filesUnder(t, agentDir)
+		for _, f := range []string{recordName(web.UID), recordName(late.UID), filepath.Join("annotated", recordName(web.UID))} {
+			if !slices.Contains(before, f) {
+				t.Fatalf("the daemon keeps no %s in %s: %v", f, agentDir, before)
+			}
+		}
+		if err := os.Rename(agentDir, old); err != nil {
+			t.Fatal(err)
+		}
+		m.daemon.start(t)
+		if _, err := os.Lstat(old); !os.IsNotExist(err) {
+			t.Errorf("the old directory %s is still there: %v", old, err)
+		}
+		// Every sighting is where the daemon keeps it now; a mark may have
+		// been settled by the start (the annotation of a pod released
+		// earlier, removed), but only one whose pod carries none.
+		after := filesUnder(t, agentDir)
+		for _, f := range before {
+			if slices.Contains(after, f) {
+				continue
+			}
+			if !strings.HasPrefix(f, "annotated/") || f == filepath.Join("annotated", recordName(web.UID)) {
+				t.Errorf("%s lost in the move: the daemon keeps %v, before it %v", f, after, before)
+				continue
+			}
+			if f == filepath.Join("annotated", recordName(late.UID)) {
+				m.waitAnnotation(t, late, "")
+			}
+			t.Logf("mark %s settled at start", f)
+		}
+		// The mark came along: releasing web removes the annotation
+		// nftredir wrote, which it only does for a pod it has a mark of.
+		m.label(t, "pod", "mesh", "web", "none")
+		m.waitEnrolled(t, web.UID, false)
+		m.waitAnnotation(t, web, "")
+		t.Logf("moved %d files from %s to %s; mesh/web released with its annotation", len(before), old, agentDir)
 	})
 
 	t.Run("deleting a pod releases it", func(t *testing.T) {

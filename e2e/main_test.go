@@ -10,7 +10,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 )
 
 // grpcurlTranscript, when set, makes TestDaemonGrpcurl write its session as

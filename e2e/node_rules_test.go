@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 )
 
 // TestDaemonNodeRulesWiped: the node's rules wiped behind the daemon's

@@ -18,8 +18,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/nftredir/nftredir/client"
-	"github.com/nftredir/nftredir/internal/nstest"
-	"github.com/nftredir/nftredir/internal/zdstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/zdstest"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 

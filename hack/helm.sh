@@ -8,7 +8,7 @@
 # next run. Prints the binary's path on stdout when done.
 set -euo pipefail
 
-# Keep in step with internal/helmbin.Version (the tests find the binary by it).
+# Keep in step with internal/testkit/helmbin.Version (the tests find the binary by it).
 HELM_VERSION=v3.22.0
 
 CACHE="${NFTREDIR_TOOLS_CACHE:-/var/cache/nftredir}/helm-$HELM_VERSION"

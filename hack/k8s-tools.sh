@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds and caches, once per machine, what the single-node Kubernetes test
-# cluster (internal/kcluster, e2e/k8s) runs: kube-apiserver, kubelet,
+# cluster (internal/testkit/kcluster, e2e/k8s) runs: kube-apiserver, kubelet,
 # kube-controller-manager, kube-scheduler and kubectl at one pinned version,
 # built from the Go module proxy; etcd, containerd and runc extracted from
 # Debian's packages (never installed, so no service is started).

@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/nftredir/nftredir/internal/calltrace"
 	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/netns/pins"
@@ -52,8 +53,10 @@ type Config struct {
 	NodeName string
 	// Selector is the enrolment policy. Zero: DefaultSelector().
 	Selector Selector
-	// Dir keeps the namespaces of pods seen through AddPod. Required,
-	// absolute; on tmpfs like the state dir, for the same reason.
+	// Dir keeps the namespaces of pods seen through AddPod and the marks
+	// of the annotations the agent wrote: state.AgentDir of the daemon's
+	// state directory, so that one directory holds everything the daemon
+	// keeps. Required, absolute.
 	Dir string
 	// Logger is the agent's logger.
 	Logger hclog.Logger
@@ -105,6 +108,28 @@ type Agent struct {
 	// last enrolled it with: a sync that finds them unchanged leaves the
 	// pod alone (the server's reconcile keeps the kernel true to it).
 	applied sync.Map
+	// admitted holds the runtime's AddPods in flight (an *admission),
+	// from Admit until Added. The pod's informer events come in while
+	// the runtime starts its sandbox; a sync then must not enrol the pod
+	// itself (a second table apply beside the sandbox), and once the
+	// runtime's AddPod captured the pod its option annotations are
+	// applied.
+	admitted sync.Map
+}
+
+// admission is a runtime's AddPod in flight.
+type admission struct {
+	at time.Time
+	// options are the pod's option annotations, once the policy wants
+	// the pod captured.
+	options *string
+}
+
+// inFlight reports whether a runtime's AddPod of uid is being admitted.
+// One older than opTimeout is not believed: its Added never came.
+func (a *Agent) inFlight(uid string) bool {
+	v, ok := a.admitted.Load(uid)
+	return ok && time.Since(v.(*admission).at) < opTimeout
 }
 
 var _ lifecycle.Policy = (*Agent)(nil)
@@ -127,17 +152,17 @@ func New(cfg Config) (*Agent, error) {
 	if err := sel.Validate(); err != nil {
 		return nil, fmt.Errorf("kube config: %w", err)
 	}
-	seen, err := openSightings(cfg.Dir)
-	if err != nil {
-		return nil, fmt.Errorf("kube config: %w", err)
-	}
-	marks, err := openMarks(filepath.Join(cfg.Dir, marksDir))
-	if err != nil {
-		return nil, fmt.Errorf("kube config: %w", err)
-	}
 	log := cfg.Logger
 	if log == nil {
 		log = hclog.NewNullLogger()
+	}
+	seen, err := openSightings(cfg.Dir, log.Named("store"))
+	if err != nil {
+		return nil, fmt.Errorf("kube config: %w", err)
+	}
+	marks, err := openMarks(filepath.Join(cfg.Dir, marksDir), log.Named("store"))
+	if err != nil {
+		return nil, fmt.Errorf("kube config: %w", err)
 	}
 	resync := cmpOr(cfg.Resync, 5*time.Minute)
 	a := &Agent{
@@ -287,6 +312,11 @@ func (a *Agent) Start(ctx context.Context, enr Enroller) error {
 	return nil
 }
 
+// Close writes to disk what the agent still holds in memory only (the
+// sightings of the last AddPods). The daemon calls it once the API has
+// stopped serving, so that a clean stop loses nothing.
+func (a *Agent) Close() { a.seen.close() }
+
 // timeoutDone is a channel closed when ctx ends or d passes.
 func timeoutDone(ctx context.Context, d time.Duration) <-chan struct{} {
 	c, cancel := context.WithTimeout(ctx, d)
@@ -381,11 +411,19 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 	defer cancel()
 	log := a.log.With("pod", uid)
 	defer a.settleDiscovery(uid, time.Now())
+	// The sighting is read before the in-flight check and the record
+	// after it: a sighting that a runtime's AddPod just wrote then comes
+	// with that AddPod's record, or the pod is left to its Added, which
+	// queues it again. Either way the agent does not enrol the pod beside
+	// the runtime.
+	seen := a.seen.get(uid)
+	if a.inFlight(uid) {
+		return nil
+	}
 	rec, err := a.enr.Enrolled(uid)
 	if err != nil {
 		return err
 	}
-	seen := a.seen.get(uid)
 	pod := a.cachedPodByUID(uid)
 	if pod == nil {
 		mark, marked := a.marks.get(uid)
@@ -579,7 +617,11 @@ func fromAgent(ctx context.Context) bool { v, _ := ctx.Value(agentKey{}).(bool);
 // Admit is the policy for one AddPod (lifecycle.Policy).
 func (a *Agent) Admit(ctx context.Context, req *nftredirv1.AddPodRequest, id netns.ID) (lifecycle.Admission, error) {
 	uid := req.GetPodUid()
+	if !fromAgent(ctx) {
+		a.admitted.Store(uid, &admission{at: time.Now()})
+	}
 	pod, err := a.podFor(ctx, req)
+	calltrace.Mark(ctx, "pod_lookup")
 	if err != nil {
 		return lifecycle.Admission{}, err
 	}
@@ -595,11 +637,13 @@ func (a *Agent) Admit(ctx context.Context, req *nftredirv1.AddPodRequest, id net
 		if req.GetOptions() != nil {
 			v.Options, _ = proto.Marshal(req.GetOptions())
 		}
-		if err := a.seen.put(v); err != nil {
-			return lifecycle.Admission{}, lifecycle.Errorf(lifecycle.KindUnavailable, "%v", err)
-		}
+		// Written after the answer: the agent reads it from memory at
+		// once, and a crash before the write leaves the pod to discovery.
+		a.seen.putLater(v)
 	}
+	calltrace.Mark(ctx, "sighting")
 	ns, err := a.getNamespace(ctx, pod.Namespace)
+	calltrace.Mark(ctx, "namespace_lookup")
 	if err != nil {
 		return lifecycle.Admission{}, err
 	}
@@ -611,6 +655,12 @@ func (a *Agent) Admit(ctx context.Context, req *nftredirv1.AddPodRequest, id net
 		return lifecycle.Admission{}, lifecycle.Errorf(lifecycle.KindInvalid, "pod %s/%s: %v", pod.Namespace, pod.Name, err)
 	}
 	a.warnIgnored(pod)
+	if !fromAgent(ctx) {
+		fp := optionAnnotations(pod.Annotations)
+		if v, ok := a.admitted.Load(uid); ok {
+			v.(*admission).options = &fp
+		}
+	}
 	out := proto.Clone(req).(*nftredirv1.AddPodRequest)
 	out.PodName, out.PodNamespace, out.Options = pod.Name, pod.Namespace, opts
 	sa := pod.Spec.ServiceAccountName
@@ -669,10 +719,27 @@ func (a *Agent) Added(req *nftredirv1.AddPodRequest, captured bool, err error) {
 	}
 	// After an AddPod of the runtime's, sync annotates the pod; the
 	// agent's own enrolments are already inside a sync that does.
-	if _, own := a.own.Load(req.GetPodUid()); a.ready.Load() && !own {
-		a.queue.Add(req.GetPodUid())
+	uid := req.GetPodUid()
+	_, own := a.own.Load(uid)
+	if v, ok := a.admitted.LoadAndDelete(uid); ok && captured && err == nil && !own {
+		if fp := v.(*admission).options; fp != nil {
+			a.applied.Store(uid, *fp)
+		}
+	}
+	if a.ready.Load() && !own {
+		a.queue.AddAfter(uid, afterSandbox)
 	}
 }
+
+// afterSandbox is how long the agent waits, after a runtime's AddPod or a
+// proxy's ack, before it brings the pod in line (its annotation patch
+// among that work, and the API server's and istiod's work that follows).
+// The runtime is still making the pod's sandbox then, after nftredir-cni
+// returned, on the same cores: measured, that work was as much CPU as
+// the AddPod itself inside the sandbox's RunPodSandbox. Nothing waits for
+// it: the pod's containers start after the sandbox, its annotation only
+// tells istiod that the pod is captured.
+const afterSandbox = 100 * time.Millisecond
 
 // Removed forgets the pod's namespace: its sandbox is going away
 // (lifecycle.Policy).

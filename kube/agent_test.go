@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"google.golang.org/protobuf/types/known/timestamppb"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -28,6 +29,8 @@ type fakeEnroller struct {
 	// proxy, when set, is ZDS served: each pod's state with the node
 	// proxy ("no proxy connected" when absent), as the manager reports it.
 	proxy map[string]string
+	// stamp gives records their enrolment time, as the manager does.
+	stamp bool
 }
 
 // withProxyState is rec as the manager returns it: with the pod's ZDS
@@ -71,6 +74,9 @@ func (e *fakeEnroller) AddPod(ctx context.Context, req *nftredirv1.AddPodRequest
 	e.mu.Lock()
 	rec := &nftredirv1.Pod{PodUid: r.GetPodUid(), PodName: r.GetPodName(), PodNamespace: r.GetPodNamespace(), NetnsPath: r.GetNetnsPath(), Options: r.GetOptions(),
 		NetnsId: fakeID.String(), PodIps: r.GetPodIps()}
+	if e.stamp {
+		rec.EnrolledAt = timestamppb.Now()
+	}
 	e.recs[r.GetPodUid()] = rec
 	rec = e.withProxyState(rec)
 	e.mu.Unlock()

@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -47,8 +48,25 @@ func (a *Agent) showCaptured(ctx context.Context, pod *corev1.Pod, rec *nftredir
 	case want, redirectionEnabled:
 		return nil
 	}
+	if want == redirectionPending && rec.GetEnrolledAt() != nil {
+		// A pod just enrolled is usually acked within milliseconds, and
+		// ProxyAcked queues it then: "pending" now would be a second API
+		// write, next to the sandbox the runtime is still starting. Until
+		// pendingGrace has passed, the pod only comes back later.
+		if wait := pendingGrace - time.Since(rec.GetEnrolledAt().AsTime()); wait > 0 {
+			a.queue.AddAfter(string(pod.UID), wait)
+			return nil
+		}
+	}
 	return a.patchRedirection(ctx, pod, want)
 }
+
+// pendingGrace is how long a newly enrolled pod the node proxy has not
+// acked yet goes without the "pending" annotation. Without the annotation
+// as with "pending", istiod does not treat the pod as ambient; the mark is
+// written at once either way, so the annotation to come is known as
+// nftredir's.
+const pendingGrace = time.Second
 
 // showIfCaptured annotates the pod if it is enrolled after all, after a
 // failed AddPod: one that waited in vain for the proxy's ack
@@ -105,7 +123,7 @@ func (a *Agent) patchRedirection(ctx context.Context, pod *corev1.Pod, value str
 
 // ProxyAcked queues the pod after the node proxy acked it over ZDS, so
 // its annotation turns "enabled" (zds.Config.Acked). It does not block.
-func (a *Agent) ProxyAcked(uid string) { a.queue.Add(uid) }
+func (a *Agent) ProxyAcked(uid string) { a.queue.AddAfter(uid, afterSandbox) }
 
 // warnIgnored shows the pod's ignored Istio annotations as a Warning
 // Event: Istio only logs them, where the pod's owner does not look.

@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"encoding/json"
 	"path/filepath"
 	"testing"
 	"time"
@@ -217,7 +218,7 @@ func TestAgentMarksSurviveRestart(t *testing.T) {
 	if err := r.a.seen.forget("uid-web"); err != nil {
 		t.Fatal(err)
 	}
-	if m, err := openMarks(filepath.Join(dir, marksDir)); err != nil || !m.has("uid-web") {
+	if m, err := openMarks(filepath.Join(dir, marksDir), nil); err != nil || !m.has("uid-web") {
 		t.Fatalf("the mark is not on disk for the next daemon (err %v)", err)
 	}
 	r2 := startAgent(t, dir, false, nil, objs...)
@@ -238,7 +239,7 @@ func TestAgentMarksSurviveRestart(t *testing.T) {
 // dropped at start, so the marks do not grow without end.
 func TestAgentDropsMarksOfGonePods(t *testing.T) {
 	dir := t.TempDir()
-	m, err := openMarks(filepath.Join(dir, marksDir))
+	m, err := openMarks(filepath.Join(dir, marksDir), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +253,7 @@ func TestAgentDropsMarksOfGonePods(t *testing.T) {
 	if r.a.marks.has("uid-gone") {
 		t.Error("the mark of a pod gone from the API is still kept")
 	}
-	if again, err := openMarks(filepath.Join(dir, marksDir)); err != nil || again.has("uid-gone") {
+	if again, err := openMarks(filepath.Join(dir, marksDir), nil); err != nil || again.has("uid-gone") {
 		t.Errorf("the gone pod's mark is still on disk (err %v)", err)
 	}
 	// web is not captured (no sighting, no record) but was marked: its
@@ -260,4 +261,109 @@ func TestAgentDropsMarksOfGonePods(t *testing.T) {
 	if _, ok := r.redirection(t, "mesh", "web"); ok || r.a.marks.has("uid-web") {
 		t.Errorf("marked, uncaptured pod: annotation present %v, mark kept %v; want both gone", ok, r.a.marks.has("uid-web"))
 	}
+}
+
+// patches are the redirection values the agent's patches wrote ("" for a
+// removal), in order.
+func (r *agentRig) patches() []string {
+	var out []string
+	for _, a := range r.cs.Actions() {
+		p, ok := a.(interface{ GetPatch() []byte })
+		if !ok || a.GetVerb() != "patch" || a.GetResource().Resource != "pods" {
+			continue
+		}
+		var body struct {
+			Metadata struct {
+				Annotations map[string]*string `json:"annotations"`
+			} `json:"metadata"`
+		}
+		if json.Unmarshal(p.GetPatch(), &body) != nil {
+			continue
+		}
+		if v, ok := body.Metadata.Annotations[RedirectionAnnotation]; ok {
+			out = append(out, ptrOr(v))
+		}
+	}
+	return out
+}
+
+func ptrOr(v *string) string {
+	if v == nil {
+		return ""
+	}
+	return *v
+}
+
+// TestAgentRuntimeAddPodIsNotRepeated: the sync that follows a runtime's
+// AddPod (to annotate the pod) does not enrol the pod a second time.
+// Before, it did: a whole table apply while the runtime was still
+// starting the sandbox.
+func TestAgentRuntimeAddPodIsNotRepeated(t *testing.T) {
+	r := startAgent(t, t.TempDir(), false, nil, nsObj("mesh", true), annotatedPod("mesh", "web", nil))
+	r.cniAdd(t, "mesh", "web")
+	r.waitRedirection(t, "mesh", "web", redirectionEnabled)
+	r.settle()
+	if n := r.e.agentEnrols.Load(); n != 0 {
+		t.Errorf("the agent enrolled the pod %d more times after the runtime's AddPod captured it; want none", n)
+	}
+	// A changed option annotation is still applied.
+	patch := []byte(`{"metadata":{"annotations":{"nftredir.io/capture-mode":"redirect"}}}`)
+	if _, err := r.cs.CoreV1().Pods("mesh").Patch(r.ctx, "web", "application/merge-patch+json", patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a re-enrolment after the annotation changed", func() bool { return r.e.agentEnrols.Load() > 0 })
+}
+
+// TestAgentPatchesOnceWhenAckedSoon: a pod the proxy acks right after its
+// enrolment is patched once, "enabled", never "pending" first; one that
+// is not acked shows "pending" once pendingGrace has passed.
+func TestAgentPatchesOnceWhenAckedSoon(t *testing.T) {
+	r := startAgent(t, t.TempDir(), true, nil, nsObj("mesh", true), annotatedPod("mesh", "web", nil), annotatedPod("mesh", "slow", nil))
+	r.e.stamp = true
+	r.cniAdd(t, "mesh", "web")
+	time.Sleep(50 * time.Millisecond)
+	r.e.setProxyState("uid-web", zds.StateAcked)
+	r.a.ProxyAcked("uid-web")
+	r.waitRedirection(t, "mesh", "web", redirectionEnabled)
+	r.settle()
+	if got := r.patches(); len(got) != 1 || got[0] != redirectionEnabled {
+		t.Errorf("patches %q; want one, %q", got, redirectionEnabled)
+	}
+
+	added := time.Now()
+	r.cniAdd(t, "mesh", "slow")
+	r.waitRedirection(t, "mesh", "slow", redirectionPending)
+	if took := time.Since(added); took < pendingGrace-100*time.Millisecond {
+		t.Errorf("an unacked pod was annotated %q after %v; want no sooner than %v", redirectionPending, took, pendingGrace)
+	}
+	if !r.a.marks.has("uid-slow") {
+		t.Error("the pending pod is not marked as nftredir's")
+	}
+}
+
+// TestAgentAnnotatesAfterTheSandbox: the work an AddPod and an ack queue
+// (the annotation patch) waits until the runtime has likely finished the
+// sandbox, off the cores it needs, and then happens.
+func TestAgentAnnotatesAfterTheSandbox(t *testing.T) {
+	r := startAgent(t, t.TempDir(), true, nil, nsObj("mesh", true), annotatedPod("mesh", "web", nil))
+	r.e.setProxyState("uid-web", zds.StateAcked)
+	patches := func() int {
+		n := 0
+		for _, a := range r.cs.Actions() {
+			if a.GetVerb() == "patch" {
+				n++
+			}
+		}
+		return n
+	}
+	r.settle() // the start's own syncs, which the informer queues
+	before := patches()
+	begin := time.Now()
+	r.cniAdd(t, "mesh", "web")
+	r.a.ProxyAcked("uid-web")
+	time.Sleep(afterSandbox / 2)
+	if n := patches(); n != before && time.Since(begin) < afterSandbox {
+		t.Fatalf("%d patches within %s of the AddPod; want none before %s", n-before, time.Since(begin), afterSandbox)
+	}
+	r.waitRedirection(t, "mesh", "web", redirectionEnabled)
 }

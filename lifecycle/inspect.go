@@ -60,7 +60,7 @@ func (m *Manager) inspectHandle(ctx context.Context, h capture.Namespace, rec *s
 	if err != nil {
 		return liveState{}, err
 	}
-	live, err := m.engine.Inspect(ctx, h, rs, rec.Routing.Netns())
+	live, err := h.Inspect(ctx, rs, rec.Routing.Netns())
 	if err != nil {
 		return liveState{}, err
 	}

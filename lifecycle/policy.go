@@ -8,6 +8,7 @@ import (
 
 	"github.com/nftredir/nftredir/netns"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
+	"github.com/nftredir/nftredir/state"
 )
 
 // Policy decides which pods AddPod captures. Standalone, the daemon has
@@ -33,7 +34,8 @@ type Policy interface {
 // Admission is a Policy's answer to one AddPod.
 type Admission struct {
 	// NotCaptured, when set, leaves the pod uncaptured and says why. A
-	// pod that is enrolled is released.
+	// pod that is enrolled is released (as by RemovePod); nothing else is
+	// touched.
 	NotCaptured string
 	// Request is what to enrol when NotCaptured is empty: the caller's
 	// request with the fields the policy fills in. Its pod_uid and
@@ -41,94 +43,15 @@ type Admission struct {
 	Request *nftredirv1.AddPodRequest
 }
 
-// AddPod enrols a pod or re-applies its enrolment. The gRPC service calls
-// it once the daemon is ready; the Kubernetes agent calls it directly, to
-// bring pods in line with the cluster before the daemon reports SERVING.
-func (m *Manager) AddPod(ctx context.Context, req *nftredirv1.AddPodRequest) (*nftredirv1.AddPodResponse, error) {
-	a, err := validateAdd(req, m.defaults)
-	if err != nil {
-		return nil, err
-	}
-	log := m.log.With("pod", a.uid, "netns", a.netnsPath)
-	unlock, err := m.locks.lock(ctx, a.uid)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	// Opened once for the whole call: the policy learns which namespace
-	// the path names, and the kernel work goes to that one.
-	h, err := m.open(a.netnsPath)
-	if err != nil {
-		if m.policy != nil {
-			m.policy.Added(req, false, err)
-		}
-		return nil, err
-	}
-	defer h.Close()
-	if m.policy != nil {
-		adm, err := m.policy.Admit(ctx, req, h.ID())
-		if err != nil {
-			m.policy.Added(req, false, err)
-			return nil, err
-		}
-		if adm.NotCaptured != "" {
-			if err := m.leaveUncaptured(ctx, log, a.uid, adm.NotCaptured); err != nil {
-				m.policy.Added(req, false, err)
-				return nil, err
-			}
-			m.policy.Added(req, false, nil)
-			return &nftredirv1.AddPodResponse{NotCapturedReason: adm.NotCaptured}, nil
-		}
-		if a, err = m.validateAdmitted(req, adm.Request); err != nil {
-			m.policy.Added(req, false, err)
-			return nil, err
-		}
-	}
-	rec, prev, err := m.addPodAndProbe(ctx, log, a, h)
-	if err == nil {
-		// Still under the pod's lock, so the proxy hears of this add
-		// before any later remove of the same pod.
-		err = m.handToProxy(ctx, log, prev, rec)
-	}
-	if m.policy != nil {
-		m.policy.Added(req, err == nil, err)
-	}
-	if err != nil {
-		log.Debug("add refused or failed; nothing changed", "error", err)
-		return nil, err
-	}
-	return &nftredirv1.AddPodResponse{Pod: m.withZDSState(podProto(rec))}, nil
-}
-
-// validateAdmitted validates what the policy made of the request exactly
-// as a caller's request, saying where a defect came from: fields the
-// caller did not send (options from pod annotations) are the policy's.
-func (m *Manager) validateAdmitted(orig, req *nftredirv1.AddPodRequest) (*addPod, error) {
-	if req == nil || req.GetPodUid() != orig.GetPodUid() || req.GetNetnsPath() != orig.GetNetnsPath() {
-		return nil, Errorf(KindInternal, "enrolment policy answered for pod %q at %q instead of %q at %q",
-			req.GetPodUid(), req.GetNetnsPath(), orig.GetPodUid(), orig.GetNetnsPath())
-	}
-	a, err := validateAdd(req, m.defaults)
-	if err != nil {
-		return nil, Errorf(KindInvalid, "pod %s/%s: %s (as filled in from the Kubernetes API and the pod's annotations)",
-			req.GetPodNamespace(), req.GetPodName(), err.Error())
-	}
-	return a, nil
-}
-
-// leaveUncaptured releases the pod if it is enrolled: the policy no longer
-// wants it captured.
-func (m *Manager) leaveUncaptured(ctx context.Context, log hclog.Logger, uid, reason string) error {
+// releaseUncaptured releases an enrolled pod that the policy now leaves
+// uncaptured, as a RemovePod of it would: rec is its record, and the
+// caller holds the pod's lock. The policy is not told: it decided.
+func (m *Manager) releaseUncaptured(ctx context.Context, log hclog.Logger, rec *state.Record, why string) error {
 	defer m.lockProbe()()
-	existed, err := m.removePod(ctx, uid, removal{})
-	if err != nil {
-		return fmt.Errorf("release pod %s, which the policy leaves uncaptured (%s): %w", uid, reason, err)
+	if _, err := m.removePod(ctx, rec.PodUID, removal{}); err != nil {
+		return fmt.Errorf("release pod %s, which the policy leaves uncaptured (%s): %w", rec.PodUID, why, err)
 	}
-	if existed {
-		log.Info("pod released: the enrolment policy leaves it uncaptured", "reason", reason)
-	} else {
-		log.Debug("pod not captured", "reason", reason)
-	}
+	log.Info("pod released: the enrolment policy leaves it uncaptured", "reason", why)
 	return nil
 }
 

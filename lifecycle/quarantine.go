@@ -108,7 +108,7 @@ func (m *Manager) releaseIfOwned(ctx context.Context, log hclog.Logger, h captur
 	id := h.ID()
 	log = log.With("netns", h.Path(), "netns_id", id.String())
 	ours := func() (table bool, release bool, err error) {
-		pod, exists, err := m.engine.Owner(ctx, h)
+		pod, exists, err := h.Owner(ctx)
 		switch {
 		case err != nil:
 			return false, false, err
@@ -135,9 +135,9 @@ func (m *Manager) releaseIfOwned(ctx context.Context, log hclog.Logger, h captur
 		return err
 	}
 	if table {
-		return m.engine.Remove(ctx, h, routing)
+		return h.Remove(ctx, routing)
 	}
-	return m.engine.RemoveRouting(ctx, h, routing)
+	return h.RemoveRouting(ctx, routing)
 }
 
 // releaseFound searches the node's namespaces for tables carrying uid and

@@ -16,209 +16,7 @@ import (
 	"github.com/nftredir/nftredir/nft"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 	"github.com/nftredir/nftredir/state"
-	"github.com/nftredir/nftredir/zds"
 )
-
-// addPodAndProbe is addPod followed by the node table update, both under
-// lockProbe.
-func (m *Manager) addPodAndProbe(ctx context.Context, log hclog.Logger, a *addPod, h capture.Namespace) (*state.Record, *state.Record, error) {
-	defer m.lockProbe()()
-	rec, prev, err := m.addPod(ctx, log, a, h)
-	if err != nil {
-		return nil, nil, err
-	}
-	m.probeAdded(ctx, log, rec)
-	return rec, prev, nil
-}
-
-// addPod runs under the pod's lock. The record (intent) is written before
-// the kernel is touched, and rolled back if the kernel work fails or
-// panics, so a crash at any instant leaves either the pod's previous state
-// or a record that reconcile completes, and an error reply means nothing
-// changed. It returns the new record and the previous one (nil for a new
-// pod).
-func (m *Manager) addPod(ctx context.Context, log hclog.Logger, a *addPod, h capture.Namespace) (*state.Record, *state.Record, error) {
-	rs, err := nft.Build(a.spec)
-	if err != nil {
-		return nil, nil, invalidf("options: %v", err)
-	}
-	id := h.ID()
-	prev, err := m.store.Get(a.uid)
-	if err != nil {
-		return nil, nil, err
-	}
-	var prevID netns.ID
-	if prev != nil {
-		prevID, _ = prev.NamespaceID() // records are checked when read
-	}
-	sameNS := prev != nil && prevID == id
-	if err := m.claim(h, a.uid); err != nil {
-		return nil, nil, err
-	}
-
-	now := m.now()
-	rec := &state.Record{
-		Version:        state.Version,
-		PodUID:         a.uid,
-		PodName:        a.name,
-		PodNamespace:   a.namespace,
-		NetnsPath:      a.netnsPath,
-		NetnsID:        id.String(),
-		PodIPs:         a.podIPs,
-		ServiceAccount: a.serviceAccount,
-		Spec:           state.SpecOf(a.spec),
-		Routing:        state.RoutingOf(m.routing),
-		EnrolledAt:     now,
-		UpdatedAt:      now,
-	}
-	if prev != nil {
-		rec.EnrolledAt = prev.EnrolledAt
-		rec.Leaving = prev.Leaving
-		if !sameNS {
-			// An older unfinished move, if any, is superseded: reconcile
-			// only tracks the latest namespace left behind.
-			rec.Leaving = &state.Leaving{NetnsPath: prev.NetnsPath, NetnsID: prev.NetnsID, Routing: prev.Routing}
-		}
-	}
-	// The rollback covers the write itself: Put can fail after its rename
-	// (the directory fsync), leaving the new record in place.
-	committed := false
-	defer func() {
-		if !committed {
-			m.rollbackAdd(log, h, rec, prev, sameNS)
-		}
-	}()
-	if err := m.store.Put(rec); err != nil {
-		return nil, nil, err
-	}
-	if err := m.engine.Apply(ctx, h, rs, m.routing); err != nil {
-		return nil, nil, err
-	}
-	committed = true
-
-	if sameNS && prev.Routing != rec.Routing {
-		// Daemon flags changed the routing since the pod was enrolled: drop
-		// the old rule for the new one.
-		if err := m.engine.Reroute(ctx, h, prev.Routing.Netns(), m.routing); err != nil {
-			log.Warn("cannot replace the pod's previous policy routing; reconcile will retry", "error", err)
-		}
-	}
-	if prev != nil && !sameNS {
-		m.finishLeaving(log, rec)
-	}
-	if !state.SameIntent(prev, rec) {
-		m.watch.Publish(nftredirv1.EventType_EVENT_TYPE_ADDED, podProto(rec))
-	}
-	switch {
-	case prev == nil:
-		log.Info("pod enrolled", "netns_id", id.String(), "digest", rs.Digest)
-	case !sameNS:
-		log.Info("pod moved to another namespace", "netns_id", id.String(), "old_netns", prev.NetnsPath, "old_netns_id", prev.NetnsID)
-	default:
-		log.Debug("pod re-applied", "digest", rs.Digest)
-	}
-	return rec, prev, nil
-}
-
-// claim makes uid the owner of the opened namespace, unless another pod
-// still holds it.
-func (m *Manager) claim(h capture.Namespace, uid string) error {
-	id := h.ID()
-	owner := m.owners.owner(id)
-	stale := ""
-	if owner != "" && owner != uid {
-		if m.stillOwns(owner, id) {
-			return netnsInUse(h.Path(), id, owner)
-		}
-		stale = owner
-	}
-	if cur, ok := m.owners.claim(id, uid, stale); !ok {
-		return netnsInUse(h.Path(), id, cur)
-	}
-	return nil
-}
-
-// stillOwns reports whether owner's record names namespace id and its path
-// still leads there. When in doubt it says yes: refusing an AddPod is
-// recoverable, handing a namespace to a second pod is not.
-func (m *Manager) stillOwns(owner string, id netns.ID) bool {
-	// An owner with a call in progress may be moving out of this
-	// namespace right now: its record already names the new one, but it
-	// has yet to clean up here, and would remove a newcomer's rules. It
-	// releases the namespace itself when done; until then it owns it.
-	if m.locks.refs(owner) > 0 {
-		return true
-	}
-	r, err := m.store.Get(owner)
-	if err != nil {
-		return true
-	}
-	if r == nil || !sameNamespace(r, id) {
-		// Released, or moved away; but a namespace left for teardown
-		// stays the pod's until it is settled.
-		return m.holds(owner, r, id)
-	}
-	h, err := m.engine.Open(r.NetnsPath)
-	if err != nil {
-		return !namespaceGone(err)
-	}
-	defer h.Close()
-	return h.ID() == id
-}
-
-// rollbackAdd undoes addPod after the record was written. It runs on
-// error and on panic, with a context of its own: the caller's may be
-// the reason for the failure.
-func (m *Manager) rollbackAdd(log hclog.Logger, h capture.Namespace, rec, prev *state.Record, sameNS bool) {
-	ctx := context.Background()
-	var errs []error
-	if !sameNS {
-		// The namespace had nothing of this pod's before the call. Apply is
-		// atomic, so the table is as it was; routing may have been added.
-		if err := m.engine.Remove(ctx, h, m.routing); err != nil {
-			// Remove stops at a table it cannot delete, but no table of
-			// this pod's is there to keep the routing for: the routing
-			// goes regardless, or nothing would ever take it out.
-			errs = append(errs, err, m.engine.RemoveRouting(ctx, h, m.routing))
-		}
-		m.owners.release(h.ID(), rec.PodUID)
-	} else if rec.Routing != prev.Routing {
-		// Apply installs the routing before the table, so a failed
-		// re-apply under changed daemon flags may have left the new
-		// routing next to the recorded one, where nothing would ever
-		// remove it. Reroute takes it out and makes sure of the
-		// recorded one, whose route the two may share.
-		if err := m.engine.Reroute(ctx, h, m.routing, prev.Routing.Netns()); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	// A watcher or proxy that took a snapshot while the new record
-	// existed may hold the pod as this call would have left it: tell
-	// them what stands instead.
-	if prev != nil {
-		err := m.store.Put(prev)
-		errs = append(errs, err)
-		if err == nil && !sameNS {
-			m.watch.Publish(nftredirv1.EventType_EVENT_TYPE_ADDED, podProto(prev))
-			if m.zds != nil {
-				m.zds.PodAdded(zds.PodOf(prev))
-			}
-		}
-	} else {
-		err := m.store.Delete(rec.PodUID)
-		errs = append(errs, err)
-		if err == nil {
-			m.watch.Publish(nftredirv1.EventType_EVENT_TYPE_REMOVED, podProto(rec))
-			if m.zds != nil {
-				// It must not keep a namespace that is not captured.
-				m.zds.PodRemoved(rec.PodUID)
-			}
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		log.Error("rollback of a failed add is incomplete; reconcile will converge on the recorded state", "error", err)
-	}
-}
 
 // finishLeaving removes the pod's table and routing from the namespace
 // it moved out of (rec.Leaving), if its path still leads there and no
@@ -238,7 +36,7 @@ func (m *Manager) finishLeaving(log hclog.Logger, rec *state.Record) {
 			if h.ID() != leftID {
 				log.Debug("previous path now names another namespace; leaving it alone", "old_netns", l.NetnsPath)
 			} else {
-				if err := m.engine.Remove(context.Background(), h, l.Routing.Netns()); err != nil {
+				if err := h.Remove(context.Background(), l.Routing.Netns()); err != nil {
 					log.Warn("cannot remove the capture from the pod's previous namespace; reconcile retries", "old_netns", l.NetnsPath, "error", err)
 					return
 				}
@@ -363,7 +161,7 @@ func (m *Manager) finishRemove(ctx context.Context, rec *state.Record) error {
 	switch {
 	case err == nil && h.ID() == id:
 		defer h.Close()
-		if err := m.engine.Remove(ctx, h, rec.Routing.Netns()); err != nil {
+		if err := h.Remove(ctx, rec.Routing.Netns()); err != nil {
 			return err
 		}
 	case err == nil:

@@ -93,7 +93,14 @@ func checkNetnsPath(p *problems, path string) {
 
 func validateAdd(req *nftredirv1.AddPodRequest, defaults nft.Spec) (*addPod, error) {
 	var p problems
+	// The two fields whose rules are the daemon's vocabulary rather than
+	// this file's (internal/defaults) come first: the pod's identity, and
+	// the capture mode as the API names it.
 	checkUID(&p, req.GetPodUid())
+	mode, modeSet, err := apimode.FromAPI(req.GetOptions().GetCaptureMode())
+	if err != nil {
+		p.addf("options.capture_mode %v", err)
+	}
 	checkLabel(&p, "pod_name", req.GetPodName())
 	checkLabel(&p, "pod_namespace", req.GetPodNamespace())
 	if req.ServiceAccount != nil {
@@ -101,6 +108,9 @@ func validateAdd(req *nftredirv1.AddPodRequest, defaults nft.Spec) (*addPod, err
 	}
 	checkNetnsPath(&p, req.GetNetnsPath())
 	ips := podIPs(&p, req.GetPodIps())
+	if modeSet {
+		defaults.Mode = mode
+	}
 	spec := effectiveSpec(&p, req.GetPodUid(), req.GetOptions(), defaults)
 	if err := p.err(); err != nil {
 		return nil, err
@@ -156,7 +166,8 @@ func podIPs(p *problems, in []string) []string {
 }
 
 // effectiveSpec fills every option the caller left unset from the daemon
-// defaults. Lists are sorted and deduplicated so that reordering them is
+// defaults (their capture mode already the caller's, if set: validateAdd
+// resolves it first). Lists are sorted and deduplicated so that reordering them is
 // not a change.
 func effectiveSpec(p *problems, uid string, o *nftredirv1.RedirectOptions, defaults nft.Spec) nft.Spec {
 	s := defaults
@@ -164,11 +175,6 @@ func effectiveSpec(p *problems, uid string, o *nftredirv1.RedirectOptions, defau
 	s.ExcludeInboundPorts, s.ExcludeOutboundPorts, s.ExcludeOutboundCIDRs, s.RerouteInterfaces = nil, nil, nil, nil
 	if o == nil {
 		return s
-	}
-	if mode, set, err := apimode.FromAPI(o.GetCaptureMode()); err != nil {
-		p.addf("options.capture_mode %v", err)
-	} else if set {
-		s.Mode = mode
 	}
 	if o.DnsCapture != nil {
 		s.CaptureDNS = o.GetDnsCapture()

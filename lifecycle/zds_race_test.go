@@ -13,7 +13,7 @@ import (
 
 	"github.com/nftredir/nftredir/capture/capturetest"
 	"github.com/nftredir/nftredir/internal/peercred"
-	"github.com/nftredir/nftredir/internal/zdstest"
+	"github.com/nftredir/nftredir/internal/testkit/zdstest"
 	"github.com/nftredir/nftredir/lifecycle"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 	"github.com/nftredir/nftredir/state"

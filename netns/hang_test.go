@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 	"github.com/nftredir/nftredir/netns"
 )
 

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 	"github.com/nftredir/nftredir/netns"
 	"golang.org/x/sys/unix"
 )

@@ -92,9 +92,14 @@ func legacyHere() ([]XTable, error) {
 		if len(names) == 0 {
 			continue
 		}
-		s, err := unix.Socket(fam.domain, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+		// Any socket of the family reaches the xtables getsockopt: IP's
+		// hands options it does not know to netfilter. iptables opens a
+		// raw one, which needs CAP_NET_RAW; a datagram socket needs no
+		// capability, and the query itself CAP_NET_ADMIN, the only two
+		// the chart's container has with SYS_ADMIN.
+		s, err := unix.Socket(fam.domain, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
-			return nil, fmt.Errorf("raw socket for %s tables: %w", fam.name, err)
+			return nil, fmt.Errorf("socket for %s tables: %w", fam.name, err)
 		}
 		for _, name := range names {
 			var info xtGetinfo

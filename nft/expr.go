@@ -14,27 +14,28 @@ import (
 	"github.com/nftredir/nftredir/internal/nftlive"
 )
 
-// Each helper returns one nft "word" of a rule: the kernel expressions and
-// the text nft prints for them. Rules are assembled from these so the text
-// and the bytecode cannot disagree about what a rule contains.
-type part struct {
+// A Word is one nft word of a rule: the kernel expressions and the text
+// nft prints for them. Every rule of both tables is assembled from these
+// (NewRule), so the text and the bytecode cannot disagree about what a
+// rule contains, and a drifted rule is read back in the same words.
+type Word struct {
 	exprs []expr.Any
 	text  string
 }
 
-// rule assembles a rule from its words, with a counter between the
+// NewRule assembles a rule from its words, with a counter between the
 // matches and the first statement, so every rule counts the packets and
 // bytes it acted on (what support asks first: does traffic hit the
 // rule?). This is the one place counters are added.
-func rule(words ...part) Rule {
+func NewRule(words ...Word) Rule {
 	at := slices.IndexFunc(words, acts)
 	if at < 0 {
 		at = len(words)
 	}
-	return assemble(slices.Concat(words[:at:at], []part{counter()}, words[at:]))
+	return assemble(slices.Concat(words[:at:at], []Word{counter()}, words[at:]))
 }
 
-func assemble(parts []part) Rule {
+func assemble(parts []Word) Rule {
 	r := Rule{parts: parts}
 	for i, p := range parts {
 		r.Exprs = append(r.Exprs, p.exprs...)
@@ -49,7 +50,7 @@ func assemble(parts []part) Rule {
 // acts reports whether a word is a statement (it sets, rewrites or
 // decides) rather than a match: a counter placed after it would count
 // packets that took another path, or none at all after a verdict.
-func acts(p part) bool {
+func acts(p Word) bool {
 	for _, e := range p.exprs {
 		switch e := e.(type) {
 		case *expr.Verdict, *expr.TProxy, *expr.Redir, *expr.NAT, *expr.Masq, *expr.Counter:
@@ -67,7 +68,7 @@ func acts(p part) bool {
 	return false
 }
 
-func isCounter(p part) bool {
+func isCounter(p Word) bool {
 	if len(p.exprs) != 1 {
 		return false
 	}
@@ -78,8 +79,8 @@ func isCounter(p part) bool {
 // nft: counter packets 0 bytes 0
 // The text is what nft prints for a fresh table; live listings show the
 // kernel's values instead (see countedText).
-func counter() part {
-	return part{exprs: []expr.Any{&expr.Counter{}}, text: counterText(0, 0)}
+func counter() Word {
+	return Word{exprs: []expr.Any{&expr.Counter{}}, text: counterText(0, 0)}
 }
 
 func counterText(packets, bytes uint64) string {
@@ -122,8 +123,8 @@ func ifname(n string) []byte {
 }
 
 // nft: meta l4proto tcp
-func l4proto(proto byte, name string) part {
-	return part{
+func L4Proto(proto byte, name string) Word {
+	return Word{
 		exprs: []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
@@ -132,9 +133,57 @@ func l4proto(proto byte, name string) part {
 	}
 }
 
+// nft: meta skuid 0
+// Only locally originated packets have a socket owner, so forwarded
+// traffic never matches.
+func SkUID(uid uint32) Word {
+	return Word{
+		exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeySKUID, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ne32(uid)},
+		},
+		text: fmt.Sprintf("meta skuid %d", uid),
+	}
+}
+
+// nft: ip daddr @pod-ips-v4 / ip6 daddr @pod-ips-v6
+// As in addrMatch, the family guard nft derives from "ip"/"ip6" is
+// explicit in an inet table's bytecode.
+func DaddrInSet(ipv6 bool, set string) Word {
+	var proto byte = unix.NFPROTO_IPV4
+	word, offset, size := "ip", uint32(16), uint32(4)
+	if ipv6 {
+		proto, word, offset, size = unix.NFPROTO_IPV6, "ip6", 24, 16
+	}
+	return Word{
+		exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: size},
+			&expr.Lookup{SourceRegister: 1, SetName: set},
+		},
+		text: fmt.Sprintf("%s daddr @%s", word, set),
+	}
+}
+
+// nft: snat ip to 169.254.7.127 / snat ip6 to fd16::1
+func SNAT(to netip.Addr) Word {
+	family, word := uint32(unix.NFPROTO_IPV4), "ip"
+	if to.Is6() {
+		family, word = unix.NFPROTO_IPV6, "ip6"
+	}
+	return Word{
+		exprs: []expr.Any{
+			&expr.Immediate{Register: 1, Data: to.AsSlice()},
+			&expr.NAT{Type: expr.NATTypeSourceNAT, Family: family, RegAddrMin: 1, RegAddrMax: 1},
+		},
+		text: fmt.Sprintf("snat %s to %s", word, to),
+	}
+}
+
 // nft: meta nfproto ipv6
-func nfproto(proto byte, name string) part {
-	return part{
+func nfproto(proto byte, name string) Word {
+	return Word{
 		exprs: []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
@@ -144,8 +193,8 @@ func nfproto(proto byte, name string) part {
 }
 
 // nft: iifname "lo" / oifname "lo"
-func ifaceIs(key expr.MetaKey, word, name string) part {
-	return part{
+func ifaceIs(key expr.MetaKey, word, name string) Word {
+	return Word{
 		exprs: []expr.Any{
 			&expr.Meta{Key: key, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(name)},
@@ -155,12 +204,12 @@ func ifaceIs(key expr.MetaKey, word, name string) part {
 }
 
 // nft: meta mark & 0x00000fff == 0x00000539 (or !=)
-func markIs(m Mark, equal bool) part {
+func markIs(m Mark, equal bool) Word {
 	op, sym := expr.CmpOpEq, "=="
 	if !equal {
 		op, sym = expr.CmpOpNeq, "!="
 	}
-	return part{
+	return Word{
 		exprs: []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
 			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: ne32(m.Mask), Xor: ne32(0)},
@@ -178,8 +227,8 @@ func maskedSetText(m Mark) string { return hex32(^m.Mask | m.Value) }
 
 // nft: meta mark set meta mark & 0xfffff000 | 0x00000111
 // Only the masked bits change, so marks other software keeps survive.
-func setMark(m Mark) part {
-	return part{
+func setMark(m Mark) Word {
+	return Word{
 		exprs: []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
 			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: ne32(^m.Mask), Xor: ne32(m.Value)},
@@ -190,8 +239,8 @@ func setMark(m Mark) part {
 }
 
 // nft: ct mark set ct mark & 0xfffff000 | 0x00000111
-func setCtMark(m Mark) part {
-	return part{
+func setCtMark(m Mark) Word {
+	return Word{
 		exprs: []expr.Any{
 			&expr.Ct{Key: expr.CtKeyMARK, Register: 1},
 			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: ne32(^m.Mask), Xor: ne32(m.Value)},
@@ -202,8 +251,8 @@ func setCtMark(m Mark) part {
 }
 
 // nft: ct mark & 0x00000fff == 0x00000111
-func ctMarkIs(m Mark) part {
-	return part{
+func ctMarkIs(m Mark) Word {
+	return Word{
 		exprs: []expr.Any{
 			&expr.Ct{Key: expr.CtKeyMARK, Register: 1},
 			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: ne32(m.Mask), Xor: ne32(0)},
@@ -214,8 +263,8 @@ func ctMarkIs(m Mark) part {
 }
 
 // nft: meta mark set ct mark
-func restoreMark() part {
-	return part{
+func restoreMark() Word {
+	return Word{
 		exprs: []expr.Any{
 			&expr.Ct{Key: expr.CtKeyMARK, Register: 1},
 			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
@@ -225,8 +274,8 @@ func restoreMark() part {
 }
 
 // nft: ct state established,related
-func ctStateIs(bits uint32, names string) part {
-	return part{
+func ctStateIs(bits uint32, names string) Word {
+	return Word{
 		exprs: []expr.Any{
 			&expr.Ct{Key: expr.CtKeySTATE, Register: 1},
 			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: ne32(bits), Xor: ne32(0)},
@@ -237,8 +286,8 @@ func ctStateIs(bits uint32, names string) part {
 }
 
 // nft: socket transparent 1
-func socketTransparent() part {
-	return part{
+func socketTransparent() Word {
+	return Word{
 		exprs: []expr.Any{
 			&expr.Socket{Key: expr.SocketKeyTransparent, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{1}},
@@ -252,7 +301,7 @@ func socketTransparent() part {
 // "ip6") but must be explicit in an inet table's bytecode.
 //
 // nft: ip saddr 169.254.7.127 / ip6 daddr fd00::/8
-func addrMatch(p netip.Prefix, source bool) part {
+func addrMatch(p netip.Prefix, source bool) Word {
 	var proto byte = unix.NFPROTO_IPV4
 	word := "ip"
 	offset := uint32(16) // IPv4 destination
@@ -282,7 +331,7 @@ func addrMatch(p netip.Prefix, source bool) part {
 		text = fmt.Sprintf("%s %s %s", word, field, p)
 	}
 	exprs = append(exprs, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: addr})
-	return part{exprs: exprs, text: text}
+	return Word{exprs: exprs, text: text}
 }
 
 func netipMask(p netip.Prefix) []byte {
@@ -298,12 +347,12 @@ func netipMask(p netip.Prefix) []byte {
 // guard is implied by "tcp"/"udp" in nft's text.
 //
 // nft: tcp dport 15008
-func portMatch(proto byte, name string, port uint16, source bool) part {
+func portMatch(proto byte, name string, port uint16, source bool) Word {
 	offset, field := uint32(2), "dport"
 	if source {
 		offset, field = 0, "sport"
 	}
-	return part{
+	return Word{
 		exprs: []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
@@ -325,10 +374,10 @@ type tproxyTarget struct {
 // tproxyTo hands the packet to a transparent listener on port at t.
 //
 // nft: tproxy to :15006 / tproxy ip to 127.0.0.1:15006 / tproxy ip6 to [::1]:15006
-func tproxyTo(t tproxyTarget, port uint16) part {
+func tproxyTo(t tproxyTarget, port uint16) Word {
 	word := map[byte]string{unix.NFPROTO_UNSPEC: "tproxy", unix.NFPROTO_IPV4: "tproxy ip", unix.NFPROTO_IPV6: "tproxy ip6"}[t.family]
 	if !t.addr.IsValid() {
-		return part{
+		return Word{
 			exprs: []expr.Any{
 				&expr.Immediate{Register: 1, Data: be16(port)},
 				&expr.TProxy{Family: t.family, TableFamily: unix.NFPROTO_INET, RegPort: 1},
@@ -336,7 +385,7 @@ func tproxyTo(t tproxyTarget, port uint16) part {
 			text: fmt.Sprintf("%s to :%d", word, port),
 		}
 	}
-	return part{
+	return Word{
 		exprs: []expr.Any{
 			&expr.Immediate{Register: 1, Data: t.addr.AsSlice()},
 			&expr.Immediate{Register: 2, Data: be16(port)},
@@ -347,8 +396,8 @@ func tproxyTo(t tproxyTarget, port uint16) part {
 }
 
 // nft: redirect to :15001
-func redirectTo(port uint16) part {
-	return part{
+func redirectTo(port uint16) Word {
+	return Word{
 		exprs: []expr.Any{
 			&expr.Immediate{Register: 1, Data: be16(port)},
 			&expr.Redir{RegisterProtoMin: 1, Flags: unix.NF_NAT_RANGE_PROTO_SPECIFIED},
@@ -358,10 +407,10 @@ func redirectTo(port uint16) part {
 }
 
 // nft: ct zone set 1
-func setCtZone(zone uint16) part {
+func setCtZone(zone uint16) Word {
 	z := make([]byte, 2)
 	binary.NativeEndian.PutUint16(z, zone)
-	return part{
+	return Word{
 		exprs: []expr.Any{
 			&expr.Immediate{Register: 1, Data: z},
 			&expr.Ct{Key: expr.CtKeyZONE, Register: 1, SourceRegister: true},
@@ -371,11 +420,11 @@ func setCtZone(zone uint16) part {
 }
 
 // nft: accept
-func accept() part {
-	return part{exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}, text: "accept"}
+func accept() Word {
+	return Word{exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}}, text: "accept"}
 }
 
 // nft: drop
-func drop() part {
-	return part{exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}, text: "drop"}
+func drop() Word {
+	return Word{exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictDrop}}, text: "drop"}
 }

@@ -255,7 +255,7 @@ func (n *Netlink) TakeOver(ctx context.Context, ns *netns.Handle, rs *Ruleset, f
 			beforeBatch()
 		}
 		// The full replace: it holds whatever state our table is in.
-		return flush(c, rs, replaceTable)
+		return send(c, Replace(&rs.Table, nil))
 	})
 	if err != nil {
 		return fmt.Errorf("take over %s in %s: %w", f, ns.Path(), err)

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nftredir/nftredir/internal/golden"
+	"github.com/nftredir/nftredir/internal/testkit/golden"
 	"github.com/nftredir/nftredir/nft"
 )
 

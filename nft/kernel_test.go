@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/nftredir/nftredir/internal/defaults"
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 )

@@ -43,7 +43,7 @@ func (n *Netlink) Owner(ctx context.Context, ns *netns.Handle) (pod string, exis
 	}
 	var live *nftlive.Table
 	err = ns.Netfilter(func(_ *nftables.Conn, r *nftlive.Conn) (err error) {
-		live, err = readLive(r)
+		live, err = readTable(r, nftables.TableFamilyINet, TableName)
 		return err
 	})
 	if err != nil {

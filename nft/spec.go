@@ -2,9 +2,15 @@
 // owns inside the pod's network namespace, applies it in one netlink batch,
 // and tells whether what is in the kernel still matches.
 //
+// It is also the one nftables engine of the project: a Table (the pod's,
+// or the node's probe table that package probe builds) is assembled from
+// the same words, applied by the same batches (Plan, Replace), read back
+// by ReadLive and compared by Live.Problems.
+//
 // Building is pure: Build reads no files and opens no sockets, so the
-// ruleset can be rendered, logged and golden-tested anywhere. Only Netlink
-// (the applier) talks to the kernel.
+// ruleset can be rendered, logged and golden-tested anywhere. Only the
+// batches' Queue and ReadLive talk to the kernel, on connections the
+// caller opened.
 package nft
 
 import (

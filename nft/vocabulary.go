@@ -9,7 +9,7 @@ import (
 )
 
 // vocabulary reads kernel expressions back as nft text, for rules that
-// are not what we programmed: each word (part) the builder uses, in every
+// are not what we programmed: each word (Word) the builder uses, in every
 // form this ruleset uses it, plus the few words someone editing a rule by
 // hand is likely to leave behind. An expression no word explains is shown
 // raw (nftlive.Raw), so nothing the kernel holds is hidden.
@@ -18,24 +18,24 @@ type vocabulary struct {
 	longest int
 }
 
-func newVocabulary(rs *Ruleset) *vocabulary {
+func newVocabulary(t *Table) *vocabulary {
 	v := &vocabulary{words: map[string]string{}}
-	add := func(p part) {
-		wire, err := nftlive.Encode(table().Family, p.exprs)
+	add := func(p Word) {
+		wire, err := nftlive.Encode(t.Family, p.exprs)
 		if err != nil || len(wire) == 0 {
 			return
 		}
 		v.words[strings.Join(nftlive.CanonicalAll(wire), "\x01")] = p.text
 		v.longest = max(v.longest, len(wire))
 	}
-	for _, p := range []part{
+	for _, p := range []Word{
 		accept(), drop(),
-		l4proto(unix.IPPROTO_TCP, "tcp"), l4proto(unix.IPPROTO_UDP, "udp"),
+		L4Proto(unix.IPPROTO_TCP, "tcp"), L4Proto(unix.IPPROTO_UDP, "udp"),
 		nfproto(unix.NFPROTO_IPV4, "ipv4"), nfproto(unix.NFPROTO_IPV6, "ipv6"),
 	} {
 		add(p)
 	}
-	for _, c := range rs.Chains {
+	for _, c := range t.Chains {
 		for _, r := range c.Rules {
 			for _, p := range r.parts {
 				add(p)

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+
+	"github.com/nftredir/nftredir/nft"
 )
 
 // elemIndex is an element map indexed by owner too, so that a pod's own
@@ -222,7 +224,7 @@ func (m *Manager) commit(what string, md mode) (err error) {
 		if err != nil {
 			return err
 		}
-		var l *live
+		var l *nft.Live
 		damaged := false
 		if read {
 			m.stats.reads.Add(1)
@@ -237,11 +239,11 @@ func (m *Manager) commit(what string, md mode) (err error) {
 			// elements other than those committed were changed behind
 			// the Manager's back: a flush of the ruleset, a firewall
 			// reload, an operator.
-			damaged = len(l.problems(m.rs)) > 0 || !maps.Equal(l.elems, m.applied)
+			damaged = len(l.Problems(&m.rs.Table)) > 0 || !maps.Equal(l.Elems, m.applied)
 		}
 		b, s := m.planLocked(l, md == modeExact)
 		m.mu.Unlock()
-		if b.empty() {
+		if b.Empty() {
 			m.mu.Lock()
 			m.synced, m.installed = true, true
 			m.mu.Unlock()
@@ -252,7 +254,7 @@ func (m *Manager) commit(what string, md mode) (err error) {
 		}
 		m.stats.batches.Add(1)
 		m.stats.elements.Add(int64(b.elemChanges))
-		err = b.queue(c)
+		err = b.Queue(c)
 		if err == nil {
 			err = c.Flush()
 		}
@@ -284,7 +286,7 @@ func (m *Manager) commit(what string, md mode) (err error) {
 // skeleton is repaired, and recreated sets are seeded from the intent;
 // exact also makes want exactly the intent. Without one, only elements
 // are sent, against what the Manager committed.
-func (m *Manager) planLocked(l *live, exact bool) (*batch, *sent) {
+func (m *Manager) planLocked(l *nft.Live, exact bool) (*batch, *sent) {
 	s := &sent{ch: changes{}, seeds: map[string]map[netip.Addr]string{}}
 	if l != nil {
 		m.resyncLocked(l)
@@ -292,7 +294,7 @@ func (m *Manager) planLocked(l *live, exact bool) (*batch, *sent) {
 			m.changeLocked(m.intent.exact(m.want.of))
 		}
 		for _, set := range m.rs.Sets {
-			if l.setsOK[set.Name] {
+			if l.SetOK(set.Name) {
 				continue
 			}
 			seed := m.intent.seed(set.Name)
@@ -315,7 +317,7 @@ func (m *Manager) planLocked(l *live, exact bool) (*batch, *sent) {
 	if l != nil {
 		return plan(l, m.rs, s.ch, func(set string) map[netip.Addr]string { return s.seeds[set] }), s
 	}
-	b := newBatch(m.rs)
+	b := &batch{Batch: nft.Elements(&m.rs.Table)}
 	b.elems(s.ch, m.applied, func(string) bool { return true })
 	return b, s
 }
@@ -323,9 +325,9 @@ func (m *Manager) planLocked(l *live, exact bool) (*batch, *sent) {
 // resyncLocked takes the kernel's elements as applied, and as wanted for
 // every address no call has changed since: what the kernel holds is what
 // the next calls are planned against, as when every call read it.
-func (m *Manager) resyncLocked(l *live) {
-	m.applied = l.elems
-	want := maps.Clone(l.elems)
+func (m *Manager) resyncLocked(l *nft.Live) {
+	m.applied = l.Elems
+	want := maps.Clone(l.Elems)
 	for a := range m.dirty {
 		if owner, ok := m.want.of[a]; ok {
 			want[a] = owner

@@ -4,7 +4,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/nftredir/nftredir/internal/golden"
+	"github.com/nftredir/nftredir/internal/testkit/golden"
 	"github.com/nftredir/nftredir/probe"
 )
 

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 	"github.com/nftredir/nftredir/probe"
 )
 

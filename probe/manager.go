@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nftredir/nftredir/internal/defaults"
+	"github.com/nftredir/nftredir/nft"
 )
 
 // SelfNetns is the daemon's own network namespace, the node's by default.
@@ -307,14 +308,10 @@ func (m *Manager) Uninstall(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// Deleting makes the kernel wait for an RCU grace period; look first.
-	if _, err := c.ListTableOfFamily(TableName, nftables.TableFamilyINet); errors.Is(err, unix.ENOENT) {
+	existed, err := nft.DeleteTable(c, nftables.TableFamilyINet, TableName)
+	if !existed && err == nil {
 		return nil
 	}
-	t := table()
-	c.AddTable(t)
-	c.DelTable(t)
-	err = c.Flush()
 	// A one-off: the grace period is paid here, not by a later caller.
 	m.dropConnLocked()
 	if err != nil {
@@ -332,7 +329,7 @@ func (m *Manager) Elements(ctx context.Context) (map[netip.Addr]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return l.elems, nil
+	return l.Elems, nil
 }
 
 // Problems lists how the live table differs from the skeleton (not its
@@ -342,10 +339,10 @@ func (m *Manager) Problems(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return l.problems(m.rs), nil
+	return l.Problems(&m.rs.Table), nil
 }
 
-func (m *Manager) readOnly(ctx context.Context) (*live, error) {
+func (m *Manager) readOnly(ctx context.Context) (*nft.Live, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

@@ -8,7 +8,7 @@ import (
 	"regexp"
 	"testing"
 
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 	"github.com/nftredir/nftredir/probe"

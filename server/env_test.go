@@ -16,7 +16,7 @@ import (
 
 	"github.com/nftredir/nftredir/capture"
 	"github.com/nftredir/nftredir/capture/capturetest"
-	"github.com/nftredir/nftredir/internal/syncbuf"
+	"github.com/nftredir/nftredir/internal/testkit/syncbuf"
 	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/state"
 
@@ -316,7 +316,7 @@ func (ts *testServer) waitServing(t *testing.T) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	w, err := ts.health.Watch(ctx, &healthgrpc.HealthCheckRequest{Service: ServiceName})
+	w, err := ts.health.Watch(ctx, &healthgrpc.HealthCheckRequest{Service: nftredirv1.ServiceName})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,18 +378,32 @@ type hookEngine struct {
 	beforeInspect func()
 }
 
-func (h *hookEngine) Apply(ctx context.Context, ns capture.Namespace, rs *nft.Ruleset, r netns.Routing) error {
-	if h.beforeApply != nil {
-		h.beforeApply(rs)
+// Open wraps the namespace so that its calls run the hooks.
+func (h *hookEngine) Open(path string) (capture.Namespace, error) {
+	ns, err := h.Engine.Open(path)
+	if err != nil {
+		return nil, err
 	}
-	return h.Engine.Apply(ctx, ns, rs, r)
+	return &hookNamespace{Namespace: ns, hooks: h}, nil
 }
 
-func (h *hookEngine) Inspect(ctx context.Context, ns capture.Namespace, rs *nft.Ruleset, r netns.Routing) (capture.Live, error) {
-	if h.beforeInspect != nil {
-		h.beforeInspect()
+type hookNamespace struct {
+	capture.Namespace
+	hooks *hookEngine
+}
+
+func (n *hookNamespace) Apply(ctx context.Context, rs *nft.Ruleset, r netns.Routing) error {
+	if n.hooks.beforeApply != nil {
+		n.hooks.beforeApply(rs)
 	}
-	return h.Engine.Inspect(ctx, ns, rs, r)
+	return n.Namespace.Apply(ctx, rs, r)
+}
+
+func (n *hookNamespace) Inspect(ctx context.Context, rs *nft.Ruleset, r netns.Routing) (capture.Live, error) {
+	if n.hooks.beforeInspect != nil {
+		n.hooks.beforeInspect()
+	}
+	return n.Namespace.Inspect(ctx, rs, r)
 }
 
 // releaseAtCleanup returns the func that closes release, a hook's hold

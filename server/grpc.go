@@ -21,11 +21,16 @@ import (
 	reflectionalphagrpc "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
+	"github.com/nftredir/nftredir/internal/calltrace"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
-// ServiceName is the RedirectService's full name, also its health key.
-const ServiceName = "nftredir.v1.RedirectService"
+// traceInterceptor gives each unary call a trace of its phases
+// (calltrace), which its request log line reports.
+func traceInterceptor(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	ctx, _ = calltrace.New(ctx)
+	return h(ctx, req)
+}
 
 // MaxRecvMsgSize bounds a request: the largest valid AddPod is a few KiB,
 // and a local caller must not make the daemon buffer megabytes.
@@ -51,7 +56,11 @@ func (s *Server) NewGRPCServer() *grpc.Server {
 	reqLog := s.log.Named("grpc")
 	logOpts := []logging.Option{
 		logging.WithLogOnEvents(logging.FinishCall),
-		logging.WithFieldsFromContext(func(ctx context.Context) logging.Fields { return peerFields(ctx) }),
+		// The call's phases (calltrace) are read when it finishes: the
+		// trace interceptor below put an empty trace in its context.
+		logging.WithFieldsFromContext(func(ctx context.Context) logging.Fields {
+			return append(peerFields(ctx), calltrace.From(ctx).Fields()...)
+		}),
 	}
 	notHealth := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
 		return c.Service != healthgrpc.Health_ServiceDesc.ServiceName
@@ -80,6 +89,7 @@ func (s *Server) NewGRPCServer() *grpc.Server {
 		// The handshake reads a socket option; anything slower is a stuck peer.
 		grpc.ConnectionTimeout(5*time.Second),
 		grpc.ChainUnaryInterceptor(append(slices.Clip(s.unaryInterceptors),
+			traceInterceptor,
 			selector.UnaryServerInterceptor(logging.UnaryServerInterceptor(InterceptorLogger(reqLog), logOpts...), notHealth),
 			s.allow.unaryInterceptor(),
 			recovery.UnaryServerInterceptor(recoverOpt),
@@ -120,7 +130,7 @@ func (s *Server) setServing(on bool) {
 	}
 	s.ready.Store(on)
 	s.health.SetServingStatus("", st)
-	s.health.SetServingStatus(ServiceName, st)
+	s.health.SetServingStatus(nftredirv1.ServiceName, st)
 }
 
 // Run serves on lis until ctx ends: it answers health (NOT_SERVING) at

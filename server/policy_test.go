@@ -5,11 +5,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/nftredir/nftredir/capture/capturetest"
 	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/netns"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
@@ -130,6 +132,75 @@ func TestPolicyLeavesPodUncapturedAndReleasesIt(t *testing.T) {
 	if strings.Join(added, ",") != "uid-2 captured,uid-2 uncaptured" {
 		t.Errorf("policy heard %v", added)
 	}
+}
+
+// TestUncapturedAnswerTouchesNothingElse: a not-captured answer for a
+// pod that is not enrolled is the whole of that AddPod. What the daemon
+// still keeps of the pod (a namespace left for teardown, a quarantined
+// record) is not released on the way: that is RemovePod's work, and the
+// teardown grace's, as it is when the policy captures the pod.
+func TestUncapturedAnswerTouchesNothingElse(t *testing.T) {
+	onEngines(t, func(t *testing.T, w *world) {
+		pol := &scriptedPolicy{admit: fillIdentity}
+		ts := startServer(t, true, withWorld(w), withPolicy(pol), withTeardownGrace(time.Hour))
+		left, quarantined, sandbox := ts.newNS(t), ts.newNS(t), ts.newNS(t)
+		ts.mustAdd(t, "pod-1", left)
+		if _, err := ts.remove(t, &nftredirv1.RemovePodRequest{PodUid: "pod-1", NetnsPath: left, NamespaceTeardown: true}); err != nil {
+			t.Fatal(err)
+		}
+		ts.mustAdd(t, "pod-1", quarantined)
+		ts.corrupt(t, "pod-1", func([]byte) []byte { return []byte("{not json") })
+		if rec, err := ts.pods.Store().Get("pod-1"); err != nil || rec != nil {
+			t.Fatalf("Get of a corrupt record = %v, %v; want it quarantined", rec, err)
+		}
+		pol.mu.Lock()
+		pol.admit = func(*nftredirv1.AddPodRequest, netns.ID) (lifecycle.Admission, error) {
+			return lifecycle.Admission{NotCaptured: "namespace shop is not labelled"}, nil
+		}
+		pol.mu.Unlock()
+
+		changes, opens := 0, 0
+		if w.fake != nil {
+			changes, opens = w.fake.Changes(), w.fake.Calls(capturetest.OpOpen)
+		}
+		resp, err := ts.add(t, "pod-1", sandbox)
+		if err != nil || resp.GetNotCapturedReason() == "" {
+			t.Fatalf("AddPod = %v, %v; want not captured", resp, err)
+		}
+		if w.fake != nil {
+			if n := w.fake.Calls(capturetest.OpOpen) - opens; n != 1 {
+				t.Errorf("the not-captured AddPod opened %d namespaces; want only the request's", n)
+			}
+			if w.fake.Changes() != changes {
+				t.Error("the not-captured AddPod programmed a namespace")
+			}
+		}
+		for name, ns := range map[string]string{"left for teardown": left, "quarantined": quarantined} {
+			if st := ts.look(t, ns); !st.captured() {
+				t.Errorf("the namespace %s was released by a not-captured AddPod: %+v", name, st)
+			}
+		}
+		if !ts.look(t, sandbox).untouched() {
+			t.Error("the not-captured sandbox was programmed")
+		}
+		qs, err := ts.pods.Store().QuarantinedFor("pod-1")
+		if err != nil || len(qs) != 1 || ts.leftovers(t) != 1 {
+			t.Fatalf("%d quarantined (%v), %d left for teardown; want one of each", len(qs), err, ts.leftovers(t))
+		}
+
+		// RemovePod releases both, as it always has.
+		if resp, err := ts.remove(t, &nftredirv1.RemovePodRequest{PodUid: "pod-1"}); err != nil || !resp.Existed {
+			t.Fatalf("RemovePod = %v, %v", resp, err)
+		}
+		for _, ns := range []string{left, quarantined} {
+			if st := ts.look(t, ns); !st.untouched() {
+				t.Errorf("RemovePod left %+v", st)
+			}
+		}
+		if added, _ := pol.log(); strings.Join(added, ",") != "pod-1 captured,pod-1 captured,pod-1 uncaptured" {
+			t.Errorf("policy heard %v", added)
+		}
+	})
 }
 
 func TestPolicyRefusalChangesNothing(t *testing.T) {

@@ -288,7 +288,7 @@ func TestBeforeServing(t *testing.T) {
 		}
 	})
 	<-entered
-	resp, err := ts.health.Check(ctxT(t), &healthgrpc.HealthCheckRequest{Service: ServiceName})
+	resp, err := ts.health.Check(ctxT(t), &healthgrpc.HealthCheckRequest{Service: nftredirv1.ServiceName})
 	if err != nil || resp.Status != healthgrpc.HealthCheckResponse_NOT_SERVING {
 		t.Errorf("health while BeforeServing runs: %v, %v; want NOT_SERVING", resp, err)
 	}

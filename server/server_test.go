@@ -23,7 +23,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/nftredir/nftredir/capture/capturetest"
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
@@ -591,7 +591,7 @@ func TestHealthTurnsServingAfterStartupReconcile(t *testing.T) {
 	ts := startServer(t, false, withWorld(w), withStateDir(state), withHooks(hook))
 	let := releaseAtCleanup(t, release)
 	<-entered // the startup reconcile is running
-	for _, svc := range []string{"", ServiceName} {
+	for _, svc := range []string{"", nftredirv1.ServiceName} {
 		resp, err := ts.health.Check(ctxT(t), &healthgrpc.HealthCheckRequest{Service: svc})
 		if err != nil || resp.Status != healthgrpc.HealthCheckResponse_NOT_SERVING {
 			t.Fatalf("health %q during startup = %v, %v; want NOT_SERVING", svc, resp, err)
@@ -775,7 +775,7 @@ func TestReflectionAndMessageLimit(t *testing.T) {
 	for _, s := range resp.GetListServicesResponse().GetService() {
 		names = append(names, s.GetName())
 	}
-	if !slices.Contains(names, ServiceName) || !slices.Contains(names, "grpc.health.v1.Health") {
+	if !slices.Contains(names, nftredirv1.ServiceName) || !slices.Contains(names, "grpc.health.v1.Health") {
 		t.Errorf("reflection lists %v", names)
 	}
 	_, err = ts.api.AddPod(ctxT(t), &nftredirv1.AddPodRequest{PodUid: "big", NetnsPath: "/run/netns/x", PodName: strings.Repeat("x", MaxRecvMsgSize)})

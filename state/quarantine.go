@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"strings"
 
@@ -106,38 +104,25 @@ func (s *Store) QuarantinedAll() ([]Quarantined, error) {
 
 func (s *Store) listQuarantined(prefix, uid string) ([]Quarantined, error) {
 	qdir := filepath.Join(s.dir, QuarantineDir)
-	entries, err := os.ReadDir(qdir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
+	files, err := durable.ReadDir(qdir, func(name string) bool {
+		return strings.HasPrefix(name, prefix) && !strings.HasSuffix(name, ReleasedSuffix)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("read quarantine dir: %w", err)
 	}
 	var out []Quarantined
-	for _, e := range entries {
-		name := e.Name()
-		if !e.Type().IsRegular() || !strings.HasPrefix(name, prefix) || strings.HasSuffix(name, ReleasedSuffix) {
-			continue
-		}
+	for _, f := range files {
 		// The file is the record's name plus the time it was set aside.
-		recName, _, ok := strings.Cut(name, recordSuffix+".")
-		if !ok || !isRecordName(recName+recordSuffix) {
+		recName, _, ok := parseMoved(f.Name)
+		if !ok {
 			continue
 		}
-		recName += recordSuffix
-		path := filepath.Join(qdir, name)
-		data, err := os.ReadFile(path)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // released concurrently
-		}
-		if err != nil {
-			return nil, fmt.Errorf("read Quarantined record: %w", err)
-		}
-		q := Quarantined{Path: path, PodUID: uid, Salvage: salvage(data)}
+		path := filepath.Join(qdir, f.Name)
+		q := Quarantined{Path: path, PodUID: uid, Salvage: salvage(f.Data)}
 		if q.PodUID == "" && fileName(q.Salvage.PodUID) == recName {
 			q.PodUID = q.Salvage.PodUID
 		}
-		if _, err := decodeRecord(path, recName, data); err != nil {
+		if _, err := decodeRecord(path, recName, f.Data); err != nil {
 			q.Reason = err.Error()
 		} else {
 			q.Reason = "the record reads well now; it was set aside when it did not"
@@ -149,8 +134,8 @@ func (s *Store) listQuarantined(prefix, uid string) ([]Quarantined, error) {
 
 // MarkReleased renames a quarantined record once its pod is released.
 func (s *Store) MarkReleased(path string) error {
-	if err := os.Rename(path, path+ReleasedSuffix); err != nil {
-		return fmt.Errorf("mark Quarantined record released: %w", err)
+	if err := durable.Move(path, path+ReleasedSuffix); err != nil {
+		return fmt.Errorf("mark quarantined record released: %w", err)
 	}
-	return durable.SyncDir(filepath.Dir(path))
+	return nil
 }

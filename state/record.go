@@ -13,8 +13,8 @@ import (
 	"github.com/nftredir/nftredir/nft"
 )
 
-// Version is written into every record; a daemon refuses records of
-// a newer version instead of misreading them.
+// Version is the version of the pod records this daemon writes; it
+// refuses records of a newer version instead of misreading them.
 const Version = 1
 
 // Record is the durable intent for one pod: everything needed to rebuild
@@ -24,6 +24,7 @@ const Version = 1
 // restart with other defaults keeps enrolled pods as they were acknowledged
 // until they are added again.
 type Record struct {
+	Kind           Kind       `json:"kind,omitempty"`
 	Version        int        `json:"version"`
 	PodUID         string     `json:"podUid"`
 	PodName        string     `json:"podName,omitempty"`
@@ -46,6 +47,13 @@ type Record struct {
 	// after it is finished by the next RemovePod or reconcile, which
 	// release the pod instead of restoring its capture.
 	Removing bool `json:"removing,omitempty"`
+}
+
+func (r *Record) stamp() {
+	r.Kind = KindPod
+	if r.Version == 0 {
+		r.Version = Version
+	}
 }
 
 // Leaving names a namespace to clean up: its path, its identity when the
@@ -231,13 +239,13 @@ func (r *Record) Check() error {
 }
 
 // SameIntent reports whether two records ask for the same enrolment,
-// ignoring timestamps; a re-apply with the same intent is not an event.
+// ignoring timestamps and whether the kind is stamped yet; a re-apply with the same intent is not an event.
 func SameIntent(a, b *Record) bool {
 	if a == nil || b == nil {
 		return a == b
 	}
 	x, y := *a, *b
-	x.EnrolledAt, x.UpdatedAt = time.Time{}, time.Time{}
-	y.EnrolledAt, y.UpdatedAt = time.Time{}, time.Time{}
+	x.EnrolledAt, x.UpdatedAt, x.Kind = time.Time{}, time.Time{}, ""
+	y.EnrolledAt, y.UpdatedAt, y.Kind = time.Time{}, time.Time{}, ""
 	return equalJSON(&x, &y)
 }

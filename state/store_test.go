@@ -46,8 +46,13 @@ func TestStorePutGetDelete(t *testing.T) {
 	if err != nil || got == nil {
 		t.Fatalf("Get = %v, %v", got, err)
 	}
-	if !equalJSON(got, rec) {
-		t.Errorf("round trip changed the record:\n got %+v\nwant %+v", got, rec)
+	want := *rec
+	want.Kind = KindPod
+	if !equalJSON(got, &want) {
+		t.Errorf("round trip changed the record beyond stamping its kind:\n got %+v\nwant %+v", got, &want)
+	}
+	if rec.Kind != "" {
+		t.Errorf("Put changed its argument's kind to %q", rec.Kind)
 	}
 	fi, err := os.Stat(filepath.Join(dir, fileName("pod-a")))
 	if err != nil {

@@ -24,11 +24,6 @@ import (
 // records whose namespaces were left to their deletion.
 const TeardownDir = "teardown"
 
-// stampLayout is the release time in a moved record's name: the record's
-// own name, a dot, this. Quarantined files are named the same way, so a
-// damaged one can move there as it is.
-const stampLayout = "20060102T150405.000000000Z"
-
 // Leftover is a released pod's record whose namespace may still hold its
 // capture.
 type Leftover struct {
@@ -48,33 +43,22 @@ type Leftover struct {
 // and its caller must act on it. A pod with no record is fine (nothing
 // moves, no error).
 func (s *Store) LeaveForTeardown(podUID string, at time.Time) (moved bool, err error) {
-	dir := filepath.Join(s.dir, TeardownDir)
-	if err := os.Mkdir(dir, 0o700); err == nil {
-		// The directory's own entry first, or a power loss after the
-		// rename could take the directory and the record with it.
-		if err := durable.SyncDir(s.dir); err != nil {
-			return false, fmt.Errorf("create %s: %w", dir, err)
-		}
-	} else if !errors.Is(err, fs.ErrExist) {
-		return false, fmt.Errorf("create %s: %w", dir, err)
-	}
 	name := fileName(podUID)
-	dst := filepath.Join(dir, name+"."+at.UTC().Format(stampLayout))
-	if err := os.Rename(filepath.Join(s.dir, name), dst); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return false, nil
-		}
-		return false, fmt.Errorf("move record of pod %s to %s: %w", podUID, dir, err)
+	err = durable.Move(filepath.Join(s.dir, name), filepath.Join(s.dir, TeardownDir, movedName(name, at)))
+	var pe *os.LinkError
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.As(err, &pe) && errors.Is(err, fs.ErrNotExist):
+		return false, nil // no record: nothing moves
+	case errors.As(err, &pe):
+		return false, fmt.Errorf("move record of pod %s to %s: %w", podUID, TeardownDir, err)
+	default:
+		// The rename happened or never started; only a sync failed, or
+		// the directory could not be made.
+		_, statErr := os.Stat(filepath.Join(s.dir, name))
+		return errors.Is(statErr, fs.ErrNotExist), fmt.Errorf("move record of pod %s to %s: %w", podUID, TeardownDir, err)
 	}
-	// The new name first: were only the old directory synced, a power
-	// loss could leave the record in neither.
-	if err := durable.SyncDir(dir); err != nil {
-		return true, fmt.Errorf("move record of pod %s: %w", podUID, err)
-	}
-	if err := durable.SyncDir(s.dir); err != nil {
-		return true, fmt.Errorf("move record of pod %s: %w", podUID, err)
-	}
-	return true, nil
 }
 
 // Leftovers lists the records left for teardown, oldest first. One that
@@ -90,66 +74,37 @@ func (s *Store) LeftoversOf(podUID string) ([]Leftover, error) {
 
 func (s *Store) leftovers(prefix string) ([]Leftover, error) {
 	dir := filepath.Join(s.dir, TeardownDir)
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
+	files, err := durable.ReadDir(dir, func(name string) bool { return strings.HasPrefix(name, prefix) })
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", dir, err)
+		return nil, fmt.Errorf("read records left for teardown: %w", err)
 	}
 	var out []Leftover
-	for _, e := range entries {
-		name := e.Name()
-		if !e.Type().IsRegular() || !strings.HasPrefix(name, prefix) {
-			continue
-		}
-		recName, stamp, ok := strings.Cut(name, recordSuffix+".")
-		recName += recordSuffix
+	for _, f := range files {
+		recName, stamp, ok := parseMoved(f.Name)
 		at, err := time.Parse(stampLayout, stamp)
-		if !ok || err != nil || !isRecordName(recName) {
+		if !ok || err != nil {
 			continue // not ours: never written by LeaveForTeardown
 		}
-		path := filepath.Join(dir, name)
-		data, err := os.ReadFile(path)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // dropped concurrently
-		}
-		if err != nil {
-			return nil, fmt.Errorf("read record left for teardown: %w", err)
-		}
-		r, err := decodeRecord(path, recName, data)
+		path := filepath.Join(dir, f.Name)
+		r, err := decodeRecord(path, recName, f.Data)
 		var ne *NewerError
 		switch {
 		case errors.As(err, &ne):
 			s.log.Warn("skipping a record this daemon cannot read", "error", err)
 			continue
 		case err != nil:
-			s.quarantineLeftover(path, name, err)
+			dst, qerr := setAside(s.dir, path, recName, time.Now())
+			if qerr != nil {
+				s.log.Error("cannot quarantine a corrupt record left for teardown; ignoring it", "file", path, "cause", err, "error", qerr)
+			} else if dst != "" {
+				s.log.Error("corrupt record left for teardown moved to quarantine: RemovePod of its pod releases what it can read of it", "file", dst, "cause", err)
+			}
 			continue
 		}
 		out = append(out, Leftover{Path: path, Record: r, ReleasedAt: at})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ReleasedAt.Before(out[j].ReleasedAt) })
 	return out, nil
-}
-
-func (s *Store) quarantineLeftover(path, name string, cause error) {
-	qdir := filepath.Join(s.dir, QuarantineDir)
-	err := os.MkdirAll(qdir, 0o700)
-	if err == nil {
-		err = os.Rename(path, filepath.Join(qdir, name))
-	}
-	if err == nil {
-		err = durable.SyncDir(qdir)
-	}
-	if err == nil {
-		err = durable.SyncDir(filepath.Dir(path))
-	}
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		s.log.Error("cannot quarantine a corrupt record left for teardown; ignoring it", "file", path, "cause", cause, "error", err)
-		return
-	}
-	s.log.Error("corrupt record left for teardown moved to quarantine: RemovePod of its pod releases what it can read of it", "file", filepath.Join(qdir, name), "cause", cause)
 }
 
 // DropLeftover forgets a record left for teardown once its namespace is

@@ -15,13 +15,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nftredir/nftredir/internal/syncbuf"
+	"github.com/nftredir/nftredir/internal/testkit/syncbuf"
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/nftredir/nftredir/internal/nstest"
 	"github.com/nftredir/nftredir/internal/peercred"
-	"github.com/nftredir/nftredir/internal/zdstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/zdstest"
 	"github.com/nftredir/nftredir/zds"
 )
 

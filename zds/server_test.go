@@ -12,16 +12,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nftredir/nftredir/internal/syncbuf"
+	"github.com/nftredir/nftredir/internal/testkit/syncbuf"
 
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
 	"github.com/nftredir/nftredir/capture"
 	"github.com/nftredir/nftredir/capture/capturetest"
-	"github.com/nftredir/nftredir/internal/nstest"
 	"github.com/nftredir/nftredir/internal/peercred"
-	"github.com/nftredir/nftredir/internal/zdstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/zdstest"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 	"github.com/nftredir/nftredir/zds"

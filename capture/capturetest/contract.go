@@ -120,14 +120,14 @@ func open(t *testing.T, e Env, path string) capture.Namespace {
 
 func apply(t *testing.T, e Env, ns capture.Namespace, rs *nft.Ruleset, r netns.Routing) {
 	t.Helper()
-	if err := e.Engine().Apply(context.Background(), ns, rs, r); err != nil {
+	if err := ns.Apply(context.Background(), rs, r); err != nil {
 		t.Fatalf("Apply: %v", err)
 	}
 }
 
 func inspect(t *testing.T, e Env, ns capture.Namespace, rs *nft.Ruleset, r netns.Routing) capture.Live {
 	t.Helper()
-	l, err := e.Engine().Inspect(context.Background(), ns, rs, r)
+	l, err := ns.Inspect(context.Background(), rs, r)
 	if err != nil {
 		t.Fatalf("Inspect: %v", err)
 	}
@@ -136,7 +136,7 @@ func inspect(t *testing.T, e Env, ns capture.Namespace, rs *nft.Ruleset, r netns
 
 func wantOwner(t *testing.T, e Env, ns capture.Namespace, pod string, exists bool) {
 	t.Helper()
-	got, ok, err := e.Engine().Owner(context.Background(), ns)
+	got, ok, err := ns.Owner(context.Background())
 	if err != nil || got != pod || ok != exists {
 		t.Errorf("Owner = %q, %t, %v; want %q, %t", got, ok, err, pod, exists)
 	}
@@ -193,7 +193,7 @@ func testApplyInvalidRouting(t *testing.T, e Env) {
 	before := e.Dump(t, path)
 	bad := netns.DefaultRouting()
 	bad.Mask = 0
-	if err := e.Engine().Apply(context.Background(), ns, ruleset(t, podA), bad); err == nil {
+	if err := ns.Apply(context.Background(), ruleset(t, podA), bad); err == nil {
 		t.Fatal("Apply with a zero mark mask succeeded")
 	}
 	if after := e.Dump(t, path); after != before {
@@ -225,7 +225,7 @@ func testAnotherSpecDrifts(t *testing.T, e Env) {
 func testRemove(t *testing.T, e Env) {
 	rs, r := ruleset(t, podA), netns.DefaultRouting()
 	_, ns := fresh(t, e, rs, r)
-	if err := e.Engine().Remove(context.Background(), ns, r); err != nil {
+	if err := ns.Remove(context.Background(), r); err != nil {
 		t.Fatalf("Remove: %v", err)
 	}
 	l := inspect(t, e, ns, rs, r)
@@ -244,10 +244,10 @@ func testRemoveNothing(t *testing.T, e Env) {
 	ns := open(t, e, path)
 	before := e.Dump(t, path)
 	r := netns.DefaultRouting()
-	if err := e.Engine().Remove(context.Background(), ns, r); err != nil {
+	if err := ns.Remove(context.Background(), r); err != nil {
 		t.Errorf("Remove of nothing: %v", err)
 	}
-	if err := e.Engine().RemoveRouting(context.Background(), ns, r); err != nil {
+	if err := ns.RemoveRouting(context.Background(), r); err != nil {
 		t.Errorf("RemoveRouting of nothing: %v", err)
 	}
 	if after := e.Dump(t, path); after != before {
@@ -259,7 +259,7 @@ func testRemoveNothing(t *testing.T, e Env) {
 func testRemoveRouting(t *testing.T, e Env) {
 	rs, r := ruleset(t, podA), netns.DefaultRouting()
 	_, ns := fresh(t, e, rs, r)
-	if err := e.Engine().RemoveRouting(context.Background(), ns, r); err != nil {
+	if err := ns.RemoveRouting(context.Background(), r); err != nil {
 		t.Fatalf("RemoveRouting: %v", err)
 	}
 	l := inspect(t, e, ns, rs, r)
@@ -280,7 +280,7 @@ func testReroute(t *testing.T, e Env) {
 		name     string
 		from, to netns.Routing
 	}{{"to another table", old, moved}, {"back", moved, old}, {"to a shared table", old, shared}} {
-		if err := e.Engine().Reroute(context.Background(), ns, step.from, step.to); err != nil {
+		if err := ns.Reroute(context.Background(), step.from, step.to); err != nil {
 			t.Fatalf("Reroute %s: %v", step.name, err)
 		}
 		if l := inspect(t, e, ns, rs, step.to); !l.InSync() {
@@ -328,7 +328,7 @@ func testDeletedTable(t *testing.T, e Env) {
 		t.Errorf("routing %+v: deleting the table must leave it", l.Routing)
 	}
 	wantOwner(t, e, ns, "", false)
-	if err := e.Engine().Remove(context.Background(), ns, r); err != nil {
+	if err := ns.Remove(context.Background(), r); err != nil {
 		t.Errorf("Remove without a table: %v", err)
 	}
 	if l := inspect(t, e, ns, rs, r); !l.Routing.Absent() {
@@ -391,7 +391,7 @@ func testOutlivesPath(t *testing.T, e Env) {
 	if l := inspect(t, e, ns, rs, r); !l.InSync() {
 		t.Errorf("after Apply on a namespace whose path is gone: %v, %+v", l.Table, l.Routing)
 	}
-	if err := e.Engine().Remove(context.Background(), ns, r); err != nil {
+	if err := ns.Remove(context.Background(), r); err != nil {
 		t.Errorf("Remove: %v", err)
 	}
 }
@@ -438,10 +438,10 @@ func testClosed(t *testing.T, e Env) {
 		t.Errorf("second Close: %v", err)
 	}
 	ctx := context.Background()
-	if _, err := e.Engine().Inspect(ctx, ns, rs, r); err == nil {
+	if _, err := ns.Inspect(ctx, rs, r); err == nil {
 		t.Error("Inspect of a closed namespace succeeded")
 	}
-	if _, _, err := e.Engine().Owner(ctx, ns); err == nil {
+	if _, _, err := ns.Owner(ctx); err == nil {
 		t.Error("Owner of a closed namespace succeeded")
 	}
 }
@@ -463,7 +463,7 @@ func wantRefused(t *testing.T, e Env, path string, what string) {
 	t.Helper()
 	ns := open(t, e, path)
 	before := e.Dump(t, path)
-	err := e.Engine().Apply(context.Background(), ns, ruleset(t, podA), netns.DefaultRouting())
+	err := ns.Apply(context.Background(), ruleset(t, podA), netns.DefaultRouting())
 	if !errors.Is(err, capture.ErrForeignCapture) {
 		t.Fatalf("Apply = %v; want %v", err, capture.ErrForeignCapture)
 	}

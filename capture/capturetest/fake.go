@@ -40,7 +40,7 @@ const (
 // namespace, which Open refuses as the kernel engine's guard does.
 var HostPaths = []string{"/proc/self/ns/net", "/proc/1/ns/net"}
 
-// Fake is an in-memory capture.Engine. Tests register what exists at
+// Fake is an in-memory capture.Engine; its Namespaces program its state. Tests register what exists at
 // which path (AddNamespace, AddFile, ...), then hand the Fake to the code
 // under test. State belongs to namespace identities, not paths, as in the
 // kernel: a namespace opened before its path was deleted or replaced can
@@ -465,14 +465,9 @@ func (f *Fake) Open(path string) (capture.Namespace, error) {
 	return &Namespace{f: f, path: path, sp: e.ns, fd: fd}, nil
 }
 
-// space returns the state behind ns, refusing what this Fake did not
-// open or what was closed, as the kernel refuses a closed descriptor.
-// Callers hold f.mu.
-func (f *Fake) space(ns capture.Namespace) (*space, error) {
-	n, ok := ns.(*Namespace)
-	if !ok || n == nil || n.f != f {
-		return nil, fmt.Errorf("capture: namespace %T was not opened by this fake engine", ns)
-	}
+// space returns the state behind n, refusing a closed namespace as the
+// kernel refuses a closed descriptor. Callers hold n.f.mu.
+func (n *Namespace) space() (*space, error) {
 	if n.Fd() < 0 {
 		return nil, fmt.Errorf("namespace %s: %w", n.path, unix.EBADF)
 	}
@@ -530,18 +525,19 @@ func (sp *space) routing(r netns.Routing) netns.RoutingState {
 
 // Apply installs r, then replaces the table with rs; a table already
 // exactly rs is left alone, as the kernel engine does.
-func (f *Fake) Apply(ctx context.Context, ns capture.Namespace, rs *nft.Ruleset, r netns.Routing) error {
+func (n *Namespace) Apply(ctx context.Context, rs *nft.Ruleset, r netns.Routing) error {
+	f := n.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	injected := f.begin(OpApply)
-	sp, err := f.space(ns)
+	sp, err := n.space()
 	if err != nil {
 		return err
 	}
 	if rs == nil {
 		return errors.New("capture: apply of a nil ruleset")
 	}
-	if err := capture.CheckForeign(ns.Path(), sp.others, f.takeOver); err != nil {
+	if err := capture.CheckForeign(n.Path(), sp.others, f.takeOver); err != nil {
 		return err
 	}
 	changed, err := sp.ensureRouting(r)
@@ -570,11 +566,12 @@ func (f *Fake) Apply(ctx context.Context, ns capture.Namespace, rs *nft.Ruleset,
 }
 
 // Reroute removes old, then installs r.
-func (f *Fake) Reroute(_ context.Context, ns capture.Namespace, old, r netns.Routing) error {
+func (n *Namespace) Reroute(_ context.Context, old, r netns.Routing) error {
+	f := n.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	injected := f.begin(OpReroute)
-	sp, err := f.space(ns)
+	sp, err := n.space()
 	if err != nil {
 		return err
 	}
@@ -592,11 +589,12 @@ func (f *Fake) Reroute(_ context.Context, ns capture.Namespace, old, r netns.Rou
 }
 
 // Remove deletes the table, then r's routing; absent parts are fine.
-func (f *Fake) Remove(ctx context.Context, ns capture.Namespace, r netns.Routing) error {
+func (n *Namespace) Remove(ctx context.Context, r netns.Routing) error {
+	f := n.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	injected := f.begin(OpRemove)
-	sp, err := f.space(ns)
+	sp, err := n.space()
 	if err != nil {
 		return err
 	}
@@ -615,11 +613,12 @@ func (f *Fake) Remove(ctx context.Context, ns capture.Namespace, r netns.Routing
 }
 
 // RemoveRouting deletes r's routing only.
-func (f *Fake) RemoveRouting(_ context.Context, ns capture.Namespace, r netns.Routing) error {
+func (n *Namespace) RemoveRouting(_ context.Context, r netns.Routing) error {
+	f := n.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	injected := f.begin(OpRemoveRouting)
-	sp, err := f.space(ns)
+	sp, err := n.space()
 	if err != nil {
 		return err
 	}
@@ -635,11 +634,12 @@ func (f *Fake) RemoveRouting(_ context.Context, ns capture.Namespace, r netns.Ro
 // Inspect compares the namespace with rs and r. The text of an in-sync
 // table is rs's own rendering, which the kernel's listing matches; a
 // drifted one ends with a "# drift:" line as the kernel engine's does.
-func (f *Fake) Inspect(ctx context.Context, ns capture.Namespace, rs *nft.Ruleset, r netns.Routing) (capture.Live, error) {
+func (n *Namespace) Inspect(ctx context.Context, rs *nft.Ruleset, r netns.Routing) (capture.Live, error) {
+	f := n.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	injected := f.begin(OpInspect)
-	sp, err := f.space(ns)
+	sp, err := n.space()
 	if err != nil {
 		return capture.Live{}, err
 	}
@@ -677,11 +677,12 @@ func (f *Fake) Inspect(ctx context.Context, ns capture.Namespace, rs *nft.Rulese
 
 // Owner returns the pod the table was built for, or "" when a foreign
 // rule makes it unattributable.
-func (f *Fake) Owner(ctx context.Context, ns capture.Namespace) (string, bool, error) {
+func (n *Namespace) Owner(ctx context.Context) (string, bool, error) {
+	f := n.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	injected := f.begin(OpOwner)
-	sp, err := f.space(ns)
+	sp, err := n.space()
 	if err != nil {
 		return "", false, err
 	}

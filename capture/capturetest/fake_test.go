@@ -36,13 +36,13 @@ func TestFakeFailedApplyKeepsTable(t *testing.T) {
 	}
 	defer ns.Close()
 	ctx, old, r := context.Background(), build(t, "pod-a"), netns.DefaultRouting()
-	if err := f.Apply(ctx, ns, old, r); err != nil {
+	if err := ns.Apply(ctx, old, r); err != nil {
 		t.Fatal(err)
 	}
 	boom := errors.New("netlink batch refused")
 	f.FailNext(capturetest.OpApply, boom)
 	moved := netns.Routing{Mark: 0x222, Mask: 0xfff, Table: 101, Priority: 32000}
-	if err := f.Apply(ctx, ns, build(t, "pod-b"), moved); !errors.Is(err, boom) {
+	if err := ns.Apply(ctx, build(t, "pod-b"), moved); !errors.Is(err, boom) {
 		t.Fatalf("Apply = %v, want the injected error", err)
 	}
 	if rs, tampered := f.Table(path); rs != old || tampered {
@@ -51,7 +51,7 @@ func TestFakeFailedApplyKeepsTable(t *testing.T) {
 	if st := f.Routing(path, moved); !st.Complete() {
 		t.Errorf("routing of the failed Apply: %+v; want installed before the table", st)
 	}
-	if err := f.Apply(ctx, ns, old, r); err != nil {
+	if err := ns.Apply(ctx, old, r); err != nil {
 		t.Errorf("the failure is for one call only: %v", err)
 	}
 }
@@ -74,11 +74,11 @@ func TestFakeInjectedFailuresAndCounts(t *testing.T) {
 		op   capturetest.Op
 		call func() error
 	}{
-		{capturetest.OpRemove, func() error { return f.Remove(ctx, ns, r) }},
-		{capturetest.OpRemoveRouting, func() error { return f.RemoveRouting(ctx, ns, r) }},
-		{capturetest.OpReroute, func() error { return f.Reroute(ctx, ns, r, r) }},
-		{capturetest.OpInspect, func() error { _, err := f.Inspect(ctx, ns, rs, r); return err }},
-		{capturetest.OpOwner, func() error { _, _, err := f.Owner(ctx, ns); return err }},
+		{capturetest.OpRemove, func() error { return ns.Remove(ctx, r) }},
+		{capturetest.OpRemoveRouting, func() error { return ns.RemoveRouting(ctx, r) }},
+		{capturetest.OpReroute, func() error { return ns.Reroute(ctx, r, r) }},
+		{capturetest.OpInspect, func() error { _, err := ns.Inspect(ctx, rs, r); return err }},
+		{capturetest.OpOwner, func() error { _, _, err := ns.Owner(ctx); return err }},
 	} {
 		f.FailNext(c.op, boom)
 		if err := c.call(); !errors.Is(err, boom) {
@@ -101,10 +101,10 @@ func TestFakeInjectedFailuresAndCounts(t *testing.T) {
 	if base != 2 {
 		t.Errorf("Changes = %d before any Apply, want 2", base)
 	}
-	if err := f.Apply(ctx, ns, rs, r); err != nil {
+	if err := ns.Apply(ctx, rs, r); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.Apply(ctx, ns, rs, r); err != nil {
+	if err := ns.Apply(ctx, rs, r); err != nil {
 		t.Fatal(err)
 	}
 	if n := f.Changes(); n != base+1 {
@@ -199,16 +199,6 @@ func TestFakeOpenErrors(t *testing.T) {
 	if _, err := f.Open("/run/netns/host"); !errors.Is(err, netns.ErrHostNetns) {
 		t.Errorf("Open of the host = %v, want ErrHostNetns", err)
 	}
-	other := capturetest.NewFake()
-	other.AddNamespace("/run/netns/pod")
-	ns, err := other.Open("/run/netns/pod")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	if err := f.Apply(context.Background(), ns, build(t, "pod-a"), netns.DefaultRouting()); err == nil {
-		t.Error("a Fake accepted a namespace another Fake opened")
-	}
 }
 
 func TestFakeWithoutIPv6(t *testing.T) {
@@ -222,10 +212,10 @@ func TestFakeWithoutIPv6(t *testing.T) {
 	}
 	defer ns.Close()
 	ctx, rs, r := context.Background(), build(t, "pod-a"), netns.DefaultRouting()
-	if err := f.Apply(ctx, ns, rs, r); err != nil {
+	if err := ns.Apply(ctx, rs, r); err != nil {
 		t.Fatal(err)
 	}
-	l, err := f.Inspect(ctx, ns, rs, r)
+	l, err := ns.Inspect(ctx, rs, r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,13 +241,13 @@ func TestFakeConcurrent(t *testing.T) {
 			defer ns.Close()
 			ctx := context.Background()
 			for range 20 {
-				if err := f.Apply(ctx, ns, rs, r); err != nil {
+				if err := ns.Apply(ctx, rs, r); err != nil {
 					t.Error(err)
 				}
-				if _, err := f.Inspect(ctx, ns, rs, r); err != nil {
+				if _, err := ns.Inspect(ctx, rs, r); err != nil {
 					t.Error(err)
 				}
-				if err := f.Remove(ctx, ns, r); err != nil {
+				if err := ns.Remove(ctx, r); err != nil {
 					t.Error(err)
 				}
 			}
@@ -278,14 +268,14 @@ func TestFakeFailedRerouteInstallsTheNewRouting(t *testing.T) {
 	}
 	defer ns.Close()
 	ctx, rs, old := context.Background(), build(t, "pod-a"), netns.DefaultRouting()
-	if err := f.Apply(ctx, ns, rs, old); err != nil {
+	if err := ns.Apply(ctx, rs, old); err != nil {
 		t.Fatal(err)
 	}
 	boom := errors.New("rule delete refused")
 	f.FailNext(capturetest.OpReroute, boom)
 	shared := old
 	shared.Priority = 32001
-	if err := f.Reroute(ctx, ns, old, shared); !errors.Is(err, boom) {
+	if err := ns.Reroute(ctx, old, shared); !errors.Is(err, boom) {
 		t.Fatalf("Reroute = %v, want the injected error", err)
 	}
 	if st := f.Routing(path, shared); !st.Complete() {

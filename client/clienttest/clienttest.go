@@ -39,9 +39,6 @@ import (
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
-// ServiceName is the RedirectService's health service name.
-const ServiceName = "nftredir.v1.RedirectService"
-
 // watchBuffer is how many events a slow watcher may lag behind before it is
 // disconnected, as the real daemon does.
 const watchBuffer = 64
@@ -50,7 +47,7 @@ const watchBuffer = 64
 type Fake struct {
 	nftredirv1.UnimplementedRedirectServiceServer
 
-	// Health is the fake's health server; both "" and ServiceName start
+	// Health is the fake's health server; both "" and nftredirv1.ServiceName start
 	// SERVING.
 	Health *health.Server
 
@@ -72,7 +69,7 @@ type Fake struct {
 // New returns an empty fake.
 func New() *Fake {
 	hs := health.NewServer()
-	hs.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(nftredirv1.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	return &Fake{
 		Health:    hs,
 		Now:       time.Now,

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 )
 
 // TestQuickRun runs the whole benchmark in -quick mode against a freshly

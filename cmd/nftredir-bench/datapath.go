@@ -15,7 +15,7 @@ import (
 	vnetns "github.com/vishvananda/netns"
 
 	"github.com/nftredir/nftredir/internal/defaults"
-	"github.com/nftredir/nftredir/internal/standin"
+	"github.com/nftredir/nftredir/internal/testkit/standin"
 )
 
 // Data-path methods: the same pod, captured by nftredir's ruleset or by

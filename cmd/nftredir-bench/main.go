@@ -54,6 +54,10 @@ type config struct {
 	cniSettle     time.Duration
 	cniBin        string
 	onlyCNI       bool
+	psRounds      int
+	psPods        int
+	onlyPodStart  bool
+	noPodStart    bool
 	// args is the command line, for the report's "how to reproduce".
 	args []string
 }
@@ -101,6 +105,10 @@ func parseFlags(args []string, out io.Writer) (*config, error) {
 	fs.DurationVar(&cfg.cniSettle, "cni-settle", 100*time.Millisecond, "CNI section: pause after deleting each pod's namespace, while the kernel tears it down, so no chain is timed in another's teardown")
 	fs.StringVar(&cfg.cniBin, "cni-bin", "", "directory with bridge, host-local and nftredir-cni (default: this program's)")
 	fs.BoolVar(&cfg.onlyCNI, "only-cni", false, "run only the CNI section; prints, writes nothing")
+	fs.IntVar(&cfg.psRounds, "podstart-rounds", 6, "pod start section: interleaved rounds of the bare chain and nftredir's two variants")
+	fs.IntVar(&cfg.psPods, "podstart-pods", 5, "pod start section: pods per variant and round, created one after another")
+	fs.BoolVar(&cfg.onlyPodStart, "only-podstart", false, "run only the pod start section (a real cluster; ZTUNNEL_BIN for stock ztunnel); prints, writes nothing")
+	fs.BoolVar(&cfg.noPodStart, "no-podstart", false, "skip the pod start section (it needs make deps-k8s); the report then has no such section")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -111,18 +119,20 @@ func parseFlags(args []string, out io.Writer) (*config, error) {
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if cfg.quick {
 		quick := map[string]func(){
-			"pods":           func() { cfg.pods = 4 },
-			"reps":           func() { cfg.reps = 1 },
-			"reconcile-pods": func() { cfg.reconcilePods = 20 },
-			"cycles":         func() { cfg.cycles = 200 },
-			"settle":         func() { cfg.settle = 0 },
-			"dp-duration":    func() { cfg.dpDuration = 300 * time.Millisecond },
-			"dp-conns":       func() { cfg.dpConns = 300 },
-			"dp-conc":        func() { *dpConcText = "1" },
-			"cycle-pods":     func() { cfg.cyclePods = 4 },
-			"phase-pods":     func() { cfg.phasePods = 4 },
-			"cni-pods":       func() { cfg.cniPods = 3 },
-			"cni-settle":     func() { cfg.cniSettle = 0 },
+			"pods":            func() { cfg.pods = 4 },
+			"reps":            func() { cfg.reps = 1 },
+			"reconcile-pods":  func() { cfg.reconcilePods = 20 },
+			"cycles":          func() { cfg.cycles = 200 },
+			"settle":          func() { cfg.settle = 0 },
+			"dp-duration":     func() { cfg.dpDuration = 300 * time.Millisecond },
+			"dp-conns":        func() { cfg.dpConns = 300 },
+			"dp-conc":         func() { *dpConcText = "1" },
+			"cycle-pods":      func() { cfg.cyclePods = 4 },
+			"phase-pods":      func() { cfg.phasePods = 4 },
+			"cni-pods":        func() { cfg.cniPods = 3 },
+			"cni-settle":      func() { cfg.cniSettle = 0 },
+			"podstart-rounds": func() { cfg.psRounds = 1 },
+			"podstart-pods":   func() { cfg.psPods = 2 },
 			// A smoke run's numbers are not a measurement: it must
 			// not overwrite the committed report unless told to.
 			"out": func() { cfg.out = "" },
@@ -156,12 +166,18 @@ func parseFlags(args []string, out io.Writer) (*config, error) {
 		return nil, errors.New("-cni-pods must be positive")
 	case cfg.onlyCNI && set["out"]:
 		return nil, errors.New("-only-cni writes no report: BENCHMARKS.md comes from a full run")
+	case cfg.onlyPodStart && set["out"]:
+		return nil, errors.New("-only-podstart writes no report: BENCHMARKS.md comes from a full run")
+	case cfg.onlyPodStart && (cfg.onlyCNI || cfg.noPodStart):
+		return nil, errors.New("-only-podstart goes with neither -only-cni nor -no-podstart")
+	case cfg.psRounds < 1 || cfg.psPods < 1:
+		return nil, errors.New("-podstart-rounds and -podstart-pods must be positive")
 	case cfg.dpConns < 1 || cfg.dpConns+dpWarmup > clientPorts[1]-clientPorts[0]:
 		return nil, fmt.Errorf("-dp-conns must be in 1..%d: each connection of a sample needs its own client port", clientPorts[1]-clientPorts[0]-dpWarmup)
 	case cfg.out == "" && cfg.svg != "" && set["svg"]:
 		return nil, errors.New("-svg needs -out: the chart belongs to the report")
 	}
-	if cfg.onlyCNI {
+	if cfg.onlyCNI || cfg.onlyPodStart {
 		cfg.out = ""
 	}
 	if cfg.out == "" {
@@ -209,8 +225,8 @@ func (b *bench) sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-func (b *bench) startDaemon(dir string) (*daemon, error) {
-	d, err := startDaemon(b.cfg.daemon, dir, b.nodeNetns)
+func (b *bench) startDaemon(dir string, extra ...string) (*daemon, error) {
+	d, err := startDaemon(b.cfg.daemon, dir, b.nodeNetns, extra...)
 	if err != nil {
 		return nil, err
 	}
@@ -232,6 +248,7 @@ type results struct {
 	phases   map[string][]time.Duration
 	dp       map[string][]*sample // by dpKey
 	cni      map[string][]*sample // by the CNI section's method names
+	podStart *podStartResult
 	scale    *scaleResult
 	cycles   *cycleResult
 	machine  machine
@@ -311,6 +328,17 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) (err error)
 		fmt.Fprint(stdout, "\n"+rep.cniNotes())
 		return nil
 	}
+	if cfg.onlyPodStart {
+		if err := b.podStartPhase(ctx, d, res); err != nil {
+			return err
+		}
+		rep := newReport(cfg, res)
+		for _, t := range rep.podStartTables() {
+			fmt.Fprint(stdout, t.text())
+		}
+		fmt.Fprint(stdout, "\n"+rep.podStartNotes())
+		return nil
+	}
 	if err := b.applyPhase(ctx, d, res); err != nil {
 		return err
 	}
@@ -323,6 +351,11 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) (err error)
 	}
 	if err := b.dataPathPhase(ctx, d, res); err != nil {
 		return err
+	}
+	if !cfg.noPodStart {
+		if err := b.podStartPhase(ctx, d, res); err != nil {
+			return err
+		}
 	}
 	if err := b.stopDaemon(d); err != nil {
 		return err

@@ -15,7 +15,7 @@ import (
 
 	"github.com/nftredir/nftredir/capture"
 	"github.com/nftredir/nftredir/client"
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"

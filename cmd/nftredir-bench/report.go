@@ -473,6 +473,7 @@ func (r *report) targets() []target {
 	anonMax := max(s.anonN, s.anonRestart)
 	add(fmt.Sprintf("RssAnon ≤ %d MiB with %d pods", maxAnonMiB, s.pods), anonMax <= maxAnonMiB<<20, "%s (largest of after AddPods and after restart; VmRSS %s)", mib(anonMax), mib(max(s.rssN, s.rssRestart)))
 	ts = append(ts, r.cniTargets()...)
+	ts = append(ts, r.podStartTargets()...)
 	c := r.res.cycles
 	grow := c.trend()
 	add(fmt.Sprintf("no memory or fd growth over %d cycles", c.cycles), grow <= leakTolerance && c.after.fds <= c.before.fds,
@@ -581,7 +582,7 @@ func (r *report) rawTable() table {
 }
 
 func (r *report) tables() []table {
-	return []table{r.targetTable(), r.applyTable(), r.baselineSteps(), r.phaseTable(), r.cniTable(), r.scaleTable(), r.resourceTable(), r.dpTable()}
+	return append([]table{r.targetTable(), r.applyTable(), r.baselineSteps(), r.phaseTable(), r.cniTable(), r.scaleTable(), r.resourceTable(), r.dpTable()}, r.podStartTables()...)
 }
 
 func (r *report) text() string {
@@ -637,7 +638,7 @@ func (r *report) markdown(out, svgPath string) string {
 	}
 	ts := r.tables()
 	sections := []string{"Targets", "Programming one pod", "The baselines' commands", "Where AddPod's time goes", "CNI ADD as the runtime sees it", "Reconcile at scale",
-		"Memory and file descriptors", "Data path"}
+		"Memory and file descriptors", "Data path", "Pod start as the kubelet sees it", "AddPod in Kubernetes mode"}
 	for i, t := range ts {
 		w("## %s\n\n", sections[i])
 		if t.title != sections[i] {
@@ -646,6 +647,9 @@ func (r *report) markdown(out, svgPath string) string {
 		w("%s\n", t.markdown())
 		if sections[i] == "Targets" {
 			w("%s\n", r.targetNotes())
+		}
+		if sections[i] == "AddPod in Kubernetes mode" {
+			w("%s\n", r.podStartNotes())
 		}
 	}
 	w("## Method\n\n")
@@ -672,6 +676,9 @@ func (r *report) markdown(out, svgPath string) string {
 	w("- **CNI chains**: see the note under their table.\n")
 	w("- **Memory and fds**: VmRSS and RssAnon from /proc/PID/status and the entries of /proc/PID/fd, one second after the daemon was last busy; the leak check compares RssAnon.\n")
 	w("- **Data path**: see the note under its table.\n")
+	if r.res.podStart != nil {
+		w("- **Pod start**: see the notes under its tables. The cluster is started once, after the other sections; in each of its rounds, while the cluster runs, two standalone daemons are timed with sequential AddPods, each after a pause: the main one (default spec) and one started with the Kubernetes-mode daemon's spec (DNS capture, no node probe set), the base of the Kubernetes-mode ratio.\n")
+	}
 	w("- Statistics: p50/p99 are nearest-rank percentiles over the pods of one sample; every table shows the median over repetitions and the range [min–max]. " +
 		"Ratios are computed within each repetition, then summarised.\n\n")
 	w("## Machine\n\n")
@@ -694,7 +701,7 @@ func (r *report) markdown(out, svgPath string) string {
 	w("\n## Reproduce\n\n")
 	w("As root, from a checkout:\n\n```sh\nmake bench                  # hack/deps.sh, build, then this run: %s\n"+
 		"bin/nftredir-bench -quick   # a smoke run of every part in seconds; prints, writes nothing\n```\n\n", r.cmdline())
-	w("Flags: `-pods`, `-reps`, `-reconcile-pods`, `-cycles`, `-conc`, `-dp-conc`, `-dp-duration`, `-dp-conns`, `-cni-pods`, `-only-cni`, `-out`, `-svg`, `-quick`; `-h` lists them all. " +
+	w("Flags: `-pods`, `-reps`, `-reconcile-pods`, `-cycles`, `-conc`, `-dp-conc`, `-dp-duration`, `-dp-conns`, `-cni-pods`, `-only-cni`, `-podstart-rounds`, `-podstart-pods`, `-only-podstart`, `-no-podstart`, `-out`, `-svg`, `-quick`; `-h` lists them all. " +
 		"Everything the run creates is named `nftr-bench-<pid>-*` (namespaces in /run/netns, a tmpfs in /run) and removed at the end, on error and on Ctrl-C; " +
 		"a later run sweeps the leftovers of one that was killed.\n\n")
 	raw := r.rawTable()
@@ -763,6 +770,8 @@ func (r *report) targetNotes() string {
 			notes = append(notes, r.rateNote())
 		case goalKernel:
 			notes = append(notes, r.kernelNote())
+		case goalPSCaptured, goalPSOut, goalKubeAdd:
+			notes = append(notes, fmt.Sprintf("- *%s*: see the notes under \"AddPod in Kubernetes mode\" below.", t.goal))
 		case goalE2E:
 			notes = append(notes, fmt.Sprintf("- *%s*: of it, the nft batch takes %.2f ms, the node probe set %.2f ms, policy routing %.2f ms and a gRPC round trip %.2f ms (p50s, timed one by one).",
 				t.goal, r.phaseP50(phApply), r.phaseP50(phProbe), r.phaseP50(phRouting), r.phaseP50(phRPC)))

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/nftredir/nftredir/client"
-	"github.com/nftredir/nftredir/internal/selftest"
+	"github.com/nftredir/nftredir/cmd/internal/selftest"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nftredir/nftredir/internal/syncbuf"
+	"github.com/nftredir/nftredir/internal/testkit/syncbuf"
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -17,7 +17,7 @@ import (
 	"github.com/nftredir/nftredir/client"
 	"github.com/nftredir/nftredir/client/clienttest"
 	"github.com/nftredir/nftredir/internal/defaults"
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 

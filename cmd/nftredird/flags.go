@@ -20,6 +20,7 @@ import (
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
 	"github.com/nftredir/nftredir/server"
+	"github.com/nftredir/nftredir/state"
 )
 
 // envPrefix starts the environment twin of every flag: --state-dir is
@@ -85,11 +86,15 @@ type options struct {
 	tproxyV4     addrValue
 	tproxyV6     addrValue
 
-	kubernetes   bool
-	takeOver     bool
-	kubeconfig   string
-	nodeName     string
+	kubernetes bool
+	takeOver   bool
+	kubeconfig string
+	nodeName   string
+	// kubeStateDir is where Kubernetes mode kept its records before they
+	// moved under stateDir: what is there is moved in at start.
 	kubeStateDir string
+	// warnings are logged once the logger exists: deprecated flags given.
+	warnings     []string
 	netnsDirs    stringList
 	modeLabel    string
 	modeEnabled  string
@@ -173,7 +178,7 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	// print usage only for -h, so an error is one clear line.
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&o.socket, "socket", defaults.Socket, "`path` of the Unix socket to serve on; its directory is created 0750 root-owned, the socket is 0660")
-	fs.StringVar(&o.stateDir, "state-dir", "/run/nftredir/pods", "`dir`ectory of the per-pod records; keep it on tmpfs (/run) so it lives exactly as long as the namespaces it describes")
+	fs.StringVar(&o.stateDir, "state-dir", defaults.StateDir, "`dir`ectory of everything the daemon keeps: the per-pod records and, in Kubernetes mode, under seen/, the namespaces of pods it did not capture and the marks of the annotations it wrote; keep it on tmpfs (/run) so it lives exactly as long as the namespaces it describes")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log `level`: trace, debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log `format`: json or text")
 	fs.DurationVar(&o.reconcileInterval, "reconcile-interval", server.DefaultReconcileInterval, "how often every record is checked against its namespace and repaired")
@@ -213,7 +218,7 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.BoolVar(&o.takeOver, "take-over-foreign-capture", false, "replace another agent's capture found in a pod's namespace (istio-cni's iptables-nft chains or nftables tables, linkerd's PROXY_INIT_* chains) with ours, in the transaction that installs ours; off, such a pod is refused (FailedPrecondition, and a CaptureRefused Event in Kubernetes mode). Legacy iptables rules are refused either way. Default: on in Kubernetes mode, off otherwise")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig `path` for Kubernetes mode; empty uses the in-cluster service account")
 	fs.StringVar(&o.nodeName, "node-name", nodeNameDefault, "this node's `name` in Kubernetes mode (default: $NODE_NAME)")
-	fs.StringVar(&o.kubeStateDir, "kubernetes-state-dir", "/run/nftredir/seen", "`dir`ectory where Kubernetes mode remembers the namespaces of pods it did not capture, so it can enrol them when they are labelled")
+	fs.StringVar(&o.kubeStateDir, "kubernetes-state-dir", defaults.LegacyKubeStateDir, "deprecated: Kubernetes mode keeps its records under --state-dir now; this names the `dir`ectory where an older daemon kept them, whose files a start in Kubernetes mode moves under --state-dir before removing it (empty: nothing to move)")
 	fs.Var(&o.netnsDirs, "netns-dirs", "`dir`ectories where the container runtime pins pod network namespaces, where Kubernetes mode finds running pods it never saw a sandbox of (proven by the pod's IPs); missing ones are skipped; empty turns that off (comma list; default "+strings.Join(defaults.NetnsDirs(), ",")+")")
 	fs.StringVar(&o.modeLabel, "dataplane-mode-label", kube.DefaultModeLabel, "label `key` on a namespace or pod that selects capture in Kubernetes mode")
 	fs.StringVar(&o.modeEnabled, "dataplane-mode-enabled", kube.DefaultModeEnabled, "label `value` that opts a namespace or pod in")
@@ -284,6 +289,9 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	// Kubernetes mode follows Istio, whose pods' DNS goes to ztunnel.
 	if o.kubernetes && !given["dns-capture"] {
 		o.dnsCapture = defaults.KubernetesCaptureDNS
+	}
+	if given["kubernetes-state-dir"] {
+		o.warnings = append(o.warnings, "--kubernetes-state-dir is deprecated: Kubernetes mode keeps its records under --state-dir; the directory it names is only moved in at start, and the flag can go once it is gone")
 	}
 	if err := o.check(); err != nil {
 		return nil, err
@@ -367,11 +375,13 @@ func (o *options) check() error {
 		if o.nodeName == "" {
 			bad("--kubernetes needs --node-name (or NODE_NAME): only this node's pods are watched")
 		}
-		if !filepath.IsAbs(o.kubeStateDir) || filepath.Clean(o.kubeStateDir) != o.kubeStateDir {
+		if o.kubeStateDir != "" && (!filepath.IsAbs(o.kubeStateDir) || filepath.Clean(o.kubeStateDir) != o.kubeStateDir) {
 			bad("--kubernetes-state-dir %q must be an absolute, clean path", o.kubeStateDir)
 		}
-		if o.kubeStateDir == o.stateDir {
-			bad("--kubernetes-state-dir and --state-dir are both %s", o.stateDir)
+		if o.kubeStateDir != "" && filepath.IsAbs(o.stateDir) {
+			if err := state.CheckAdopt(o.kubeStateDir, o.stateDir); err != nil {
+				bad("--kubernetes-state-dir: %v", err)
+			}
 		}
 		if err := o.selector().Validate(); err != nil {
 			bad("--dataplane-mode-*: %v", err)

@@ -28,11 +28,49 @@ func TestFlagDefaults(t *testing.T) {
 	if !equalSpec(o.spec, want) {
 		t.Errorf("default spec %+v, want %+v", o.spec, want)
 	}
-	if o.socket != defaults.Socket || o.stateDir != "/run/nftredir/pods" || o.reconcileInterval != 30*time.Second || !o.reflection {
+	if o.socket != defaults.Socket || o.stateDir != defaults.StateDir || o.reconcileInterval != 30*time.Second || !o.reflection {
 		t.Errorf("defaults: %+v", o)
 	}
 	if o.routing != netns.DefaultRouting() {
 		t.Errorf("routing: %+v", o.routing)
+	}
+}
+
+// TestKubernetesStateDirDeprecated: the flag that named the Kubernetes
+// agent's own directory now names where an older daemon kept it, to be
+// moved under --state-dir. Left out, that is the old default, without a
+// word; given, it is accepted with a warning; one that holds the state
+// directory, or lies in it, is refused before anything moves.
+func TestKubernetesStateDirDeprecated(t *testing.T) {
+	k8s := []string{"--kubernetes", "--node-name", "n1"}
+	o, err := parseFlags(k8s, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.kubeStateDir != defaults.LegacyKubeStateDir || len(o.warnings) != 0 {
+		t.Errorf("default: %q, warnings %q", o.kubeStateDir, o.warnings)
+	}
+	for _, args := range [][]string{
+		{"--kubernetes-state-dir", "/var/lib/nftredir/seen"},
+		{"--kubernetes-state-dir="},
+		{"--kubernetes-state-dir", "/run/nftredir/pods/seen"},
+	} {
+		o, err := parseFlags(append(args, k8s...), env(nil), io.Discard)
+		if err != nil {
+			t.Fatalf("%q: %v", args, err)
+		}
+		if len(o.warnings) != 1 || !strings.Contains(o.warnings[0], "deprecated") {
+			t.Errorf("%q: warnings %q", args, o.warnings)
+		}
+	}
+	o, err = parseFlags(k8s, env(map[string]string{"NFTREDIR_KUBERNETES_STATE_DIR": "/srv/seen"}), io.Discard)
+	if err != nil || o.kubeStateDir != "/srv/seen" || len(o.warnings) != 1 {
+		t.Errorf("env twin: %v, %+v", err, o)
+	}
+	for _, dir := range []string{"/run/nftredir", "/run/nftredir/pods", "/run/nftredir/pods/teardown", "seen"} {
+		if _, err := parseFlags(append([]string{"--kubernetes-state-dir", dir}, k8s...), env(nil), io.Discard); err == nil || !strings.Contains(err.Error(), "--kubernetes-state-dir") {
+			t.Errorf("%s: %v", dir, err)
+		}
 	}
 }
 

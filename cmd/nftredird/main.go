@@ -19,10 +19,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nftredir/nftredir/capture"
+	"github.com/nftredir/nftredir/cmd/internal/selftest"
 	"github.com/nftredir/nftredir/internal/health"
 	"github.com/nftredir/nftredir/internal/peercred"
 	"github.com/nftredir/nftredir/internal/podowner"
-	"github.com/nftredir/nftredir/internal/selftest"
 	"github.com/nftredir/nftredir/internal/version"
 	"github.com/nftredir/nftredir/kube"
 	"github.com/nftredir/nftredir/lifecycle"
@@ -176,7 +176,7 @@ func serve(opts *options, root hclog.Logger) (uninstalled bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("namespace guard: %w", err)
 	}
-	for _, w := range guard.Warnings() {
+	for _, w := range append(opts.warnings, guard.Warnings()...) {
 		root.Warn(w)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -223,6 +223,11 @@ func serve(opts *options, root hclog.Logger) (uninstalled bool, err error) {
 	pcfg.Engine = capture.NewKernel(guard, applier, capture.TakeOverForeign(opts.takeOver))
 	var kc *kubeConn
 	if opts.kubernetes {
+		// Before the agent opens its records: a daemon that kept them in
+		// a directory of their own left them there.
+		if _, err := state.AdoptAgentDir(opts.kubeStateDir, opts.stateDir, root.Named("store")); err != nil {
+			return false, err
+		}
 		if kc, err = newKube(opts, guard, root); err != nil {
 			return false, err
 		}
@@ -313,7 +318,12 @@ func serve(opts *options, root hclog.Logger) (uninstalled bool, err error) {
 	defer stopHTTP()
 	root.Info("listening", "socket", opts.socket, "state_dir", opts.stateDir, "allow_uids", opts.allowUIDs.String(), "allow_gids", opts.allowGIDs.String(), "socket_group", opts.socketGroup,
 		"zds_socket", opts.zdsSocket, "kubernetes", opts.kubernetes, "node_name", opts.nodeName, "zds_require_ack", opts.zdsRequireAck, "zds_allow_uids", opts.zdsAllowUIDs.String(), "zds_allow_gids", opts.zdsAllowGIDs.String(), "zds_socket_group", opts.zdsSocketGroup, "probe_snat", opts.probeSNAT, "node_netns", nodeNetnsName(opts.nodeNetns), "kubelet_uid", uint32(opts.kubeletUID))
-	if err := srv.Run(ctx, lis, opts.shutdownTimeout); err != nil {
+	err = srv.Run(ctx, lis, opts.shutdownTimeout)
+	if kc != nil {
+		// No AddPod runs any more: the sightings it made reach the disk.
+		kc.agent.Close()
+	}
+	if err != nil {
 		return false, err
 	}
 	if kc == nil || kc.watch == nil {
@@ -389,7 +399,7 @@ func newKube(opts *options, guard *netns.Guard, root hclog.Logger) (*kubeConn, e
 		Client:   kc.client,
 		NodeName: opts.nodeName,
 		Selector: opts.selector(),
-		Dir:      opts.kubeStateDir,
+		Dir:      state.AgentDir(opts.stateDir),
 		Logger:   log,
 		Pins:     scanner,
 	})
@@ -445,10 +455,8 @@ func (kc *kubeConn) uninstallIfDeleted(opts *options, pods *lifecycle.Manager, l
 		log.Error("some captured pods could not be released; their records and the probe table stay", "released", n, "error", err)
 		return false
 	}
-	for _, dir := range []string{opts.stateDir, opts.kubeStateDir} {
-		if err := os.RemoveAll(dir); err != nil {
-			log.Warn("cannot remove a state directory", "dir", dir, "error", err)
-		}
+	if err := os.RemoveAll(opts.stateDir); err != nil {
+		log.Warn("cannot remove the state directory", "dir", opts.stateDir, "error", err)
 	}
 	log.Info("captured pods released, records removed", "released", n)
 	return true

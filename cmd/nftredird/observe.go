@@ -10,8 +10,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/nftredir/nftredir/client"
+	"github.com/nftredir/nftredir/cmd/nftredird/internal/metrics"
 	"github.com/nftredir/nftredir/internal/health"
-	"github.com/nftredir/nftredir/internal/metrics"
 	"github.com/nftredir/nftredir/kube"
 	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/nft"

@@ -43,6 +43,17 @@ const MetricsPort uint16 = 15014
 // it. /run is tmpfs, so the socket never outlives a boot.
 const Socket = "/run/nftredir/nftredir.sock"
 
+// StateDir is where nftredird keeps everything it must remember (pod
+// records, their leftovers and quarantine, and in Kubernetes mode its
+// sightings and annotation marks). /run is tmpfs: the records live
+// exactly as long as the network namespaces they describe.
+const StateDir = "/run/nftredir/pods"
+
+// LegacyKubeStateDir is where Kubernetes mode kept its sightings and
+// marks before they moved under StateDir: a daemon starting in
+// Kubernetes mode moves what it finds there into its state directory.
+const LegacyKubeStateDir = "/run/nftredir/seen"
+
 // ZDSSocket is where ztunnel dials its node agent for pods' namespaces:
 // stock ztunnel's INPOD_UDS default.
 const ZDSSocket = "/var/run/ztunnel/ztunnel.sock"

@@ -3,9 +3,11 @@ package kubelookup
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/nftredir/nftredir/internal/enrolment"
+	"github.com/nftredir/nftredir/internal/retry"
 )
 
 // Decision is the enrolment rule's verdict on a pod read from the API.
@@ -15,11 +17,9 @@ type Decision struct {
 	Why string
 }
 
-// Pauses between tries of a lookup that failed in a way that may clear.
-const (
-	firstPause = 100 * time.Millisecond
-	maxPause   = time.Second
-)
+// The schedule of tries of a lookup that failed in a way that may clear:
+// as many as the caller's context allows.
+var tries = retry.Schedule{Attempts: math.MaxInt, Backoff: 100 * time.Millisecond, MaxBackoff: time.Second}
 
 // Decide reads pod ns/name and its namespace and applies sel, as the
 // daemon would. uid is the pod's UID from CNI_ARGS (empty if the runtime
@@ -28,21 +28,9 @@ const (
 // again until ctx ends; an error means there is no decision, and the
 // caller must not guess one.
 func (c *Client) Decide(ctx context.Context, sel enrolment.Selector, ns, name, uid string) (Decision, error) {
-	pause := firstPause
-	for {
-		d, err := c.decideOnce(ctx, sel, ns, name, uid)
-		if err == nil || !transient(err) {
-			return d, err
-		}
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return Decision{}, err
-		case <-t.C:
-		}
-		pause = min(2*pause, maxPause)
-	}
+	return retry.Do(ctx, tries, transient, func(ctx context.Context) (Decision, error) {
+		return c.decideOnce(ctx, sel, ns, name, uid)
+	})
 }
 
 func (c *Client) decideOnce(ctx context.Context, sel enrolment.Selector, ns, name, uid string) (Decision, error) {

@@ -11,9 +11,9 @@
 // introduces). The library still programs the tables; this package only
 // reads, over its own netlink socket.
 //
-// Both of nftredir's tables (the pod table of package nft and the node
-// table of package probe) are read through it, for Verify and nft's Owner
-// alike: only our own table is listed, never every chain of the
+// Both of nftredir's tables (the pod table and the node table of package
+// probe) are read through it by package nft's engine (nft.ReadLive), and
+// by nft's Owner: only our own table is listed, never every chain of the
 // namespace.
 package nftlive
 

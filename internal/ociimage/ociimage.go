@@ -4,7 +4,7 @@
 // image layout tarball (WriteIndex). `ctr images import` reads both and
 // `docker load` (Docker 25 and later for the index). No base image and no
 // registry are involved, so it works offline. tools/mkimage is its command
-// line; internal/kcluster uses it for the test cluster's images.
+// line; internal/testkit/kcluster uses it for the test cluster's images.
 package ociimage
 
 import (

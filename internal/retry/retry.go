@@ -27,16 +27,21 @@ func Default() Schedule {
 }
 
 // Do runs f until it returns an error again does not accept, has run
-// s.Attempts times, or ctx ends during a pause. It returns f's last result:
-// when ctx ends during a pause, the failure that made it wait, which says
-// more than the deadline does.
+// s.Attempts times, or ctx ends. It returns f's last result, except that
+// when ctx ends, during a pause or by cutting a try short, the error is
+// the failure that made it try again, which says more than the deadline.
 func Do[T any](ctx context.Context, s Schedule, again func(error) bool, f func(context.Context) (T, error)) (T, error) {
 	pause := s.Backoff
+	var failed error
 	for attempt := 1; ; attempt++ {
 		resp, err := f(ctx)
+		if err != nil && failed != nil && ctx.Err() != nil {
+			return resp, failed
+		}
 		if err == nil || !again(err) || attempt >= s.Attempts {
 			return resp, err
 		}
+		failed = err
 		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():

@@ -50,3 +50,24 @@ func TestDoKeepsTheFailureWhenTheContextEnds(t *testing.T) {
 		t.Errorf("%d calls, %v; want one call and the busy error", calls, err)
 	}
 }
+
+// A try the context cuts short (its deadline mid-request) returns the
+// failure before it, not the context's error: a caller on a busy machine
+// reads "503" rather than "context deadline exceeded".
+func TestDoKeepsTheFailureWhenTheContextCutsATry(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	calls := 0
+	_, err := Do(ctx, Schedule{Attempts: 100, Backoff: time.Millisecond, MaxBackoff: time.Millisecond}, func(error) bool { return true },
+		func(ctx context.Context) (struct{}, error) {
+			calls++
+			if calls == 1 {
+				return struct{}{}, errBusy
+			}
+			cancel()
+			return struct{}{}, ctx.Err()
+		})
+	if !errors.Is(err, errBusy) || calls != 2 {
+		t.Errorf("%d calls, %v; want two calls and the busy error", calls, err)
+	}
+}

@@ -7,7 +7,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 )
 
 func owner(t *testing.T, p string) (os.FileMode, uint32) {

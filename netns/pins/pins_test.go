@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/netns/pins"
 )

@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/nftredir/nftredir/internal/defaults"
-	"github.com/nftredir/nftredir/internal/standin"
+	"github.com/nftredir/nftredir/internal/testkit/standin"
 )
 
 func main() {

@@ -16,7 +16,7 @@ import (
 	"github.com/nftredir/nftredir/capture"
 	"github.com/nftredir/nftredir/client/clienttest"
 	"github.com/nftredir/nftredir/client/clienttest/contract"
-	"github.com/nftredir/nftredir/internal/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/nstest"
 	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
@@ -104,7 +104,7 @@ func waitServing(t *testing.T, conn *grpc.ClientConn) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	w, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{Service: server.ServiceName})
+	w, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{Service: nftredirv1.ServiceName})
 	if err != nil {
 		t.Fatal(err)
 	}

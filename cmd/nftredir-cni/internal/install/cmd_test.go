@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nftredir/nftredir/internal/syncbuf"
+	"github.com/nftredir/nftredir/internal/testkit/syncbuf"
 )
 
 func noEnv(string) (string, bool) { return "", false }

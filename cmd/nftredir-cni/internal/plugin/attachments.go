@@ -86,19 +86,7 @@ func (s attachments) Put(a Attachment) error {
 	if err != nil {
 		return fmt.Errorf("encode attachment record: %w", err)
 	}
-	f, err := os.CreateTemp(dir, durable.TempPrefix+a.ContainerID+":"+a.IfName+"-*")
-	if err != nil {
-		return fmt.Errorf("write attachment record: %w", err)
-	}
-	_, err = f.Write(b)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), s.path(a.Network, a.ContainerID, a.IfName))
-	}
-	if err != nil {
-		os.Remove(f.Name())
+	if err := durable.Replace(s.path(a.Network, a.ContainerID, a.IfName), b); err != nil {
 		return fmt.Errorf("write attachment record: %w", err)
 	}
 	return nil
@@ -127,39 +115,55 @@ func (s attachments) OfContainer(containerID string) ([]Attachment, error) {
 }
 
 func (s attachments) list(network, containerID string) ([]Attachment, error) {
-	pattern := filepath.Join(s.dir, "*", "*:*")
-	if network != "" {
-		pattern = filepath.Join(s.dir, network, "*:*")
-	}
-	files, err := filepath.Glob(pattern)
-	if err != nil {
-		return nil, fmt.Errorf("list attachment records: %w", err)
+	nets := []string{network}
+	if network == "" {
+		var err error
+		if nets, err = s.networks(); err != nil {
+			return nil, err
+		}
 	}
 	var out []Attachment
 	var errs []error
-	for _, f := range files {
-		base := filepath.Base(f)
-		if strings.HasPrefix(base, durable.TempPrefix) {
-			continue // a write a crash interrupted; never acknowledged
-		}
-		if containerID != "" && !strings.HasPrefix(base, containerID+":") {
-			continue
-		}
-		b, err := os.ReadFile(f)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // removed by a concurrent DEL of another container
-		}
-		var a Attachment
-		if err == nil {
-			err = json.Unmarshal(b, &a)
-		}
+	for _, n := range nets {
+		dir := filepath.Join(s.dir, n)
+		files, err := durable.ReadDir(dir, func(name string) bool {
+			if containerID != "" {
+				return strings.HasPrefix(name, containerID+":")
+			}
+			return strings.Contains(name, ":")
+		})
 		if err != nil {
-			errs = append(errs, fmt.Errorf("attachment record %s: %w", f, err))
+			errs = append(errs, fmt.Errorf("list attachment records: %w", err))
 			continue
 		}
-		out = append(out, a)
+		for _, f := range files {
+			var a Attachment
+			if err := json.Unmarshal(f.Data, &a); err != nil {
+				errs = append(errs, fmt.Errorf("attachment record %s: %w", filepath.Join(dir, f.Name), err))
+				continue
+			}
+			out = append(out, a)
+		}
 	}
 	return out, errors.Join(errs...)
+}
+
+// networks lists the networks that have a directory of records.
+func (s attachments) networks() ([]string, error) {
+	entries, err := os.ReadDir(s.dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list attachment records: %w", err)
+	}
+	var out []string
+	for _, e := range entries {
+		if e.IsDir() {
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
 }
 
 // sweepMarker is the file whose modification time says when the last
@@ -195,15 +199,14 @@ func (s attachments) Sweep(now time.Time, interval time.Duration, keep Attachmen
 		return 0, true, fmt.Errorf("mark sweep: %w", err)
 	}
 	var errs []error
-	temps, _ := filepath.Glob(filepath.Join(s.dir, "*", durable.TempPrefix+"*"))
-	for _, f := range temps {
+	nets, err := s.networks()
+	errs = append(errs, err)
+	for _, n := range nets {
 		// A temporary file younger than a minute may be a write in
 		// progress.
-		if fi, err := os.Stat(f); err == nil && now.Sub(fi.ModTime()) > time.Minute {
-			if err := os.Remove(f); err == nil {
-				removed++
-			}
-		}
+		k, err := durable.RemoveTemps(filepath.Join(s.dir, n), time.Minute, now)
+		removed += k
+		errs = append(errs, err)
 	}
 	all, err := s.List("")
 	errs = append(errs, err)

@@ -84,6 +84,7 @@ type rawConf struct {
 	DNSCapture           json.RawMessage `json:"dnsCapture"`
 	IPv6                 json.RawMessage `json:"ipv6"`
 	InboundCapture       json.RawMessage `json:"inboundCapture"`
+	RerouteInterfaces    json.RawMessage `json:"rerouteVirtualInterfaces"`
 	Kubernetes           json.RawMessage `json:"kubernetes"`
 
 	ValidAttachments    json.RawMessage `json:"cni.dev/valid-attachments"`
@@ -99,7 +100,7 @@ var knownKeys = []string{
 	"args", "runtimeConfig", "prevResult",
 	"socket", "timeout", "dataDir", "excludeNamespaces", "logFile", "logLevel",
 	"captureMode", "excludeInboundPorts", "excludeOutboundPorts", "excludeOutboundCIDRs",
-	"dnsCapture", "ipv6", "inboundCapture", "kubernetes",
+	"dnsCapture", "ipv6", "inboundCapture", "rerouteVirtualInterfaces", "kubernetes",
 }
 
 // maxExclusions mirrors the daemon's request limits loosely; the daemon
@@ -274,6 +275,7 @@ func parseOptions(raw *rawConf) (*rpc.Options, []string) {
 	o.DNSCapture = parseBool("dnsCapture", raw.DNSCapture, &errs)
 	o.IPv6 = parseBool("ipv6", raw.IPv6, &errs)
 	o.InboundCapture = parseBool("inboundCapture", raw.InboundCapture, &errs)
+	o.RerouteVirtualInterfaces = parseInterfaces(raw.RerouteInterfaces, &errs)
 	if o.IsZero() {
 		// Nothing configured: send no options at all, the plainest way of
 		// asking for every daemon default.
@@ -309,6 +311,34 @@ func parsePorts(key string, msg json.RawMessage, errs *[]string) []uint32 {
 		ports = append(ports, uint32(v))
 	}
 	return ports
+}
+
+// parseInterfaces reads rerouteVirtualInterfaces: a list of interface
+// names, as Istio's istio.io/reroute-virtual-interfaces annotation lists
+// them. Which names an interface may have, and how many, is the daemon's
+// to check (nft.CheckInterfaceName); its refusal fails ADD with code 7 as
+// well. Here only what cannot be a name at all is refused, without the
+// netlink code that check lives with, which the plugin does not link.
+func parseInterfaces(msg json.RawMessage, errs *[]string) []string {
+	const key = "rerouteVirtualInterfaces"
+	if msg == nil {
+		return nil
+	}
+	var names []string
+	if err := strictDecode(msg, &names); err != nil {
+		*errs = append(*errs, fmt.Sprintf("%s: %v (want a list of interface names, e.g. [\"k6t-eth0\"])", key, err))
+		return nil
+	}
+	if len(names) > maxExclusions {
+		*errs = append(*errs, fmt.Sprintf("%s has %d entries, at most %d allowed", key, len(names), maxExclusions))
+		return nil
+	}
+	for _, n := range names {
+		if n == "" || strings.ContainsFunc(n, isSpaceOrControl) {
+			*errs = append(*errs, fmt.Sprintf("%s: %q is not an interface name", key, n))
+		}
+	}
+	return names
 }
 
 func parseBool(key string, msg json.RawMessage, errs *[]string) *bool {

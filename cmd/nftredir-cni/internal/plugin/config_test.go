@@ -49,6 +49,7 @@ func TestCNIParseConfFull(t *testing.T) {
 		"excludeOutboundPorts": [5432],
 		"excludeOutboundCIDRs": ["10.0.0.0/8", "169.254.169.254", "fd00::/8"],
 		"dnsCapture": false, "ipv6": true, "inboundCapture": false,
+		"rerouteVirtualInterfaces": ["k6t-eth0", "tap0"],
 		"excludeNamespaces": ["kube-system", "istio-system"],
 		"logFile": "/tmp/log/cni.log", "logLevel": "debug",
 		"runtimeConfig": {}, "args": {}, "capabilities": {"portMappings": true},
@@ -78,6 +79,8 @@ func TestCNIParseConfFull(t *testing.T) {
 		DNSCapture:           &no,
 		IPv6:                 &yes,
 		InboundCapture:       &no,
+		// Names as given: the daemon checks, sorts and deduplicates them.
+		RerouteVirtualInterfaces: []string{"k6t-eth0", "tap0"},
 	}
 	if diff := cmp.Diff(wantOpts, c.Options); diff != "" {
 		t.Errorf("options (-want +got):\n%s", diff)
@@ -108,6 +111,10 @@ func TestCNIParseConfErrors(t *testing.T) {
 		{"cidr word", `"excludeOutboundCIDRs": ["metadata"]`, types.ErrInvalidNetworkConfig, `"metadata" is not a CIDR`},
 		{"cidr zone", `"excludeOutboundCIDRs": ["fe80::1%eth0"]`, types.ErrInvalidNetworkConfig, "is not a CIDR"},
 		{"bool", `"dnsCapture": "yes"`, types.ErrInvalidNetworkConfig, "dnsCapture"},
+		{"reroute not list", `"rerouteVirtualInterfaces": "k6t-eth0"`, types.ErrInvalidNetworkConfig, "rerouteVirtualInterfaces: json: cannot unmarshal string"},
+		{"reroute null", `"rerouteVirtualInterfaces": null`, types.ErrInvalidNetworkConfig, "rerouteVirtualInterfaces: null is not allowed"},
+		{"reroute empty name", `"rerouteVirtualInterfaces": ["tap0", ""]`, types.ErrInvalidNetworkConfig, `rerouteVirtualInterfaces: "" is not an interface name`},
+		{"reroute space", `"rerouteVirtualInterfaces": ["tap 0"]`, types.ErrInvalidNetworkConfig, `"tap 0" is not an interface name`},
 		{"timeout", `"timeout": "10"`, types.ErrInvalidNetworkConfig, `timeout "10" is not a duration`},
 		{"timeout negative", `"timeout": "-1s"`, types.ErrInvalidNetworkConfig, "must be positive"},
 		{"socket relative", `"socket": "run/x.sock"`, types.ErrInvalidNetworkConfig, "must be an absolute path"},

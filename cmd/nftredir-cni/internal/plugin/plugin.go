@@ -156,6 +156,12 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 // here and are never touched.
 func (p *Plugin) GC(args *skel.CmdArgs) error { return p.do("GC", args, false, p.gc) }
 
+// started is about when the runtime's exec of the plugin reached Go code.
+var started = time.Now()
+
+// msSince is the time since t in milliseconds, to the microsecond.
+func msSince(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }
+
 func (p *Plugin) add(r *run, args *skel.CmdArgs) error {
 	prev, err := r.conf.ParsePrevResult()
 	if err != nil {
@@ -210,7 +216,12 @@ func (p *Plugin) add(r *run, args *skel.CmdArgs) error {
 		PodIPs:       ips,
 		Options:      r.conf.Options,
 	}
+	called := time.Now()
 	resp, err := r.cl.AddPod(r.ctx, req)
+	// How long the daemon's answer took, as the plugin saw it, and the
+	// plugin's run so far (from its package's initialisation): the
+	// benchmark of pod start reads them.
+	timing := []any{"call_ms", msSince(called), "run_ms", msSince(started)}
 	if err != nil {
 		// The daemon changes nothing on a failed AddPod, except perhaps
 		// when the deadline cut it short; only then must the file stay
@@ -226,10 +237,10 @@ func (p *Plugin) add(r *run, args *skel.CmdArgs) error {
 		return daemonError(err, fmt.Sprintf("enrol pod %s", id.Key), r.conf.Socket)
 	}
 	if why := resp.NotCapturedReason; why != "" || resp.Pod == nil {
-		log.Info("pod not captured: the daemon's enrolment policy leaves it alone", "reason", why, "netns", args.Netns)
+		log.Info("pod not captured: the daemon's enrolment policy leaves it alone", append([]any{"reason", why, "netns", args.Netns}, timing...)...)
 	} else {
-		log.Info("pod enrolled", "netns", args.Netns, "ips", strings.Join(ips, ","), "netns_id", resp.Pod.NetnsID,
-			"mode", resp.Pod.CaptureMode.String())
+		log.Info("pod enrolled", append([]any{"netns", args.Netns, "ips", strings.Join(ips, ","), "netns_id", resp.Pod.NetnsID,
+			"mode", resp.Pod.CaptureMode.String()}, timing...)...)
 	}
 	p.sweep(r, att)
 	return p.print(prev, r.conf.CNIVersion)

@@ -195,9 +195,10 @@ func TestCNIAddConvertsResultToConfigVersion(t *testing.T) {
 func TestCNIAddEnrolsPod(t *testing.T) {
 	e := newEnv(t)
 	conf := e.conf(t, "1.0.0", prevResults["1.0.0"], map[string]any{
-		"captureMode":         "REDIRECT",
-		"excludeInboundPorts": []int{15021},
-		"dnsCapture":          false,
+		"captureMode":              "REDIRECT",
+		"excludeInboundPorts":      []int{15021},
+		"dnsCapture":               false,
+		"rerouteVirtualInterfaces": []string{"k6t-eth0"},
 	})
 	e.add(t, args(conf, "ctr1", "/run/netns/pod1", k8sArgs1))
 	reqs := e.fake.Requests()
@@ -212,9 +213,10 @@ func TestCNIAddEnrolsPod(t *testing.T) {
 		NetnsPath:    "/run/netns/pod1",
 		PodIps:       []string{"10.22.0.5", "fd00:22::5"},
 		Options: &nftredirv1.RedirectOptions{
-			CaptureMode:         nftredirv1.CaptureMode_CAPTURE_MODE_REDIRECT,
-			ExcludeInboundPorts: []uint32{15021},
-			DnsCapture:          &dns,
+			CaptureMode:              nftredirv1.CaptureMode_CAPTURE_MODE_REDIRECT,
+			ExcludeInboundPorts:      []uint32{15021},
+			DnsCapture:               &dns,
+			RerouteVirtualInterfaces: []string{"k6t-eth0"},
 		},
 	}
 	if diff := cmp.Diff(want, reqs[0], protocmp.Transform()); diff != "" {

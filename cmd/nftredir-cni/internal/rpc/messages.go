@@ -96,12 +96,17 @@ type Options struct {
 	DNSCapture           *bool
 	IPv6                 *bool
 	InboundCapture       *bool
+	// RerouteVirtualInterfaces names interfaces inside the pod whose
+	// incoming TCP is the pod's outbound (Istio's
+	// istio.io/reroute-virtual-interfaces); the daemon checks the names.
+	RerouteVirtualInterfaces []string
 }
 
 // IsZero reports whether o asks for nothing.
 func (o *Options) IsZero() bool {
 	return o == nil || (o.CaptureMode == 0 && len(o.ExcludeInboundPorts) == 0 && len(o.ExcludeOutboundPorts) == 0 &&
-		len(o.ExcludeOutboundCIDRs) == 0 && o.DNSCapture == nil && o.IPv6 == nil && o.InboundCapture == nil)
+		len(o.ExcludeOutboundCIDRs) == 0 && o.DNSCapture == nil && o.IPv6 == nil && o.InboundCapture == nil &&
+		len(o.RerouteVirtualInterfaces) == 0)
 }
 
 // AddPodRequest is nftredir.v1.AddPodRequest.
@@ -196,7 +201,11 @@ func (o *Options) marshal() []byte {
 	}
 	b = appendBool(b, 5, o.DNSCapture)
 	b = appendBool(b, 6, o.IPv6)
-	return appendBool(b, 7, o.InboundCapture)
+	b = appendBool(b, 7, o.InboundCapture)
+	for _, s := range o.RerouteVirtualInterfaces {
+		b = appendStringField(b, 10, s)
+	}
+	return b
 }
 
 func (r *AddPodRequest) marshal() []byte {

@@ -1,0 +1,196 @@
+package main
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Lines as containerd 1.6 writes them (logrus text format), with others
+// between; a retried sandbox (Attempt:1) is not a first start.
+const containerdLog = `time="2026-12-01T20:00:00.100000000Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:ps0-0,Uid:aaa,Namespace:ps-bare,Attempt:0,}"
+time="2026-12-01T20:00:00.120000000Z" level=info msg="loading plugin"
+time="2026-12-01T20:00:00.150000000Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:ps0-1,Uid:bbb,Namespace:ps-mesh,Attempt:0,}"
+time="2026-12-01T20:00:00.191500000Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:ps0-0,Uid:aaa,Namespace:ps-bare,Attempt:0,} returns sandbox id \"0123abcd\""
+time="2026-12-01T20:00:00.260000000Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:ps0-1,Uid:bbb,Namespace:ps-mesh,Attempt:0,} returns sandbox id \"4567ef\""
+time="2026-12-01T20:00:01.000000000Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:ps0-2,Uid:ccc,Namespace:ps-mesh,Attempt:1,}"
+time="2026-12-01T20:00:01.090000000Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:ps0-2,Uid:ccc,Namespace:ps-mesh,Attempt:1,} returns sandbox id \"89\""
+time="2026-12-01T20:00:02.000000000Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:ps0-3,Uid:ddd,Namespace:ps-mesh,Attempt:0,}"
+time="2026-12-01T20:00:02.050000000Z" level=error msg="RunPodSandbox for &PodSandboxMetadata{Name:ps0-3,Uid:ddd,Namespace:ps-mesh,Attempt:0,} failed, error" error="plugin type=\"nftredir-cni\" failed"
+`
+
+func TestParseSandboxTimes(t *testing.T) {
+	got, err := parseSandboxTimes(strings.NewReader(containerdLog))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]time.Duration{"aaa": 91500 * time.Microsecond, "bbb": 110 * time.Millisecond}
+	if len(got) != len(want) {
+		t.Fatalf("got %v, want %v (no retried or failed sandbox)", got, want)
+	}
+	for uid, d := range want {
+		if got[uid].d() != d {
+			t.Errorf("%s: %v, want %v", uid, got[uid].d(), d)
+		}
+	}
+}
+
+// TestCPUWithin: the CPU used in a window is interpolated between the
+// samples around it, and unknown outside them.
+func TestCPUWithin(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 20, 0, 0, 0, time.UTC)
+	ms := time.Millisecond
+	s := &cpuSampler{samples: []cpuSample{
+		{t0, 0, 0}, {t0.Add(10 * ms), 4 * ms, 0}, {t0.Add(20 * ms), 4 * ms, 6 * ms},
+	}}
+	d, p := s.within(t0.Add(5*ms), t0.Add(15*ms))
+	if d != 2*ms || p != 3*ms {
+		t.Errorf("within 5–15 ms: daemon %v, proxy %v; want 2ms, 3ms", d, p)
+	}
+	if d, p := s.within(t0.Add(-ms), t0.Add(15*ms)); d != 0 || p != 0 {
+		t.Errorf("a window before the first sample: %v, %v", d, p)
+	}
+}
+
+func TestPluginLines(t *testing.T) {
+	log := `2026-12-01T20:00:00.191Z [INFO]  nftredir-cni: pod enrolled: pid=42 cmd=ADD network=kcluster container=0123 ifname=eth0 pod=uid1 k8s_namespace=ps-mesh k8s_name=ps0-1 netns=/var/run/netns/cni-1 ips=10.10.1.5 netns_id=4026532001:4 mode=CAPTURE_MODE_TPROXY call_ms=2.5 run_ms=3.75
+2026-12-01T20:00:00.291Z [INFO]  nftredir-cni: pod not captured: the daemon's enrolment policy leaves it alone: pid=43 cmd=ADD reason="namespace ps-out is not in the mesh" netns=/var/run/netns/cni-2 call_ms=1.25 run_ms=2
+2026-12-01T20:00:00.391Z [INFO]  nftredir-cni: namespace excluded from capture; not enrolling: pid=44
+`
+	path := t.TempDir() + "/cni.log"
+	if err := writeFile(path, log); err != nil {
+		t.Fatal(err)
+	}
+	got, err := pluginLines(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || !got[0].captured || got[0].call != 2.5 || got[0].run != 3.75 || got[1].captured || got[1].call != 1.25 || got[1].run != 2 {
+		t.Fatalf("got %+v", got)
+	}
+}
+
+func TestPerRoundVsBare(t *testing.T) {
+	ms := time.Millisecond
+	r := &podStartResult{rounds: 2, pods: []podStart{
+		{variant: psBare, round: 0, sandbox: 90 * ms, ready: 900 * ms},
+		{variant: psCaptured, round: 0, sandbox: 96 * ms, ready: 950 * ms},
+		{variant: psBare, round: 1, sandbox: 100 * ms, ready: 1000 * ms},
+		{variant: psCaptured, round: 1, sandbox: 102 * ms, ready: 1000 * ms},
+	}}
+	d := r.perRoundVs(psCaptured, false, false)
+	if len(d) != 2 || d[0] != 6 || d[1] != 2 {
+		t.Fatalf("differences %v, want [6 2]: each round against its own bare chain", d)
+	}
+	q := r.perRoundVs(psCaptured, true, true)
+	if len(q) != 2 || q[1] != 1 {
+		t.Fatalf("ratios %v", q)
+	}
+}
+
+func writeFile(path, s string) error { return os.WriteFile(path, []byte(s), 0o600) }
+
+// TestPodStartTargetsAndNotes: the section's verdicts and explanations
+// follow the run's figures.
+func TestPodStartTargetsAndNotes(t *testing.T) {
+	ms := time.Millisecond
+	ps := &podStartResult{rounds: 2, perRound: 1, proxy: "a stand-in",
+		kube: map[string][]callLine{
+			psOut:      {{total: 1200 * time.Microsecond, phases: map[string]float64{"open": 0.2, "release": 0.3}}},
+			psCaptured: {{total: 1400 * time.Microsecond, phases: map[string]float64{"open": 0.2, "sighting": 0.1, "kernel": 0.7}}},
+		},
+		alone:       []callLine{{total: 1000 * time.Microsecond, phases: map[string]float64{"open": 0.2, "kernel": 0.6}}},
+		same:        []callLine{{total: 1200 * time.Microsecond, phases: map[string]float64{"open": 0.2, "kernel": 0.7}}},
+		plugin:      []pluginLine{{captured: true, call: 2, run: 2.5}, {captured: false, call: 1.5, run: 2}},
+		versionExec: []time.Duration{2 * ms},
+	}
+	for round := range 2 {
+		ps.pods = append(ps.pods,
+			podStart{variant: psBare, round: round, sandbox: 90 * ms, ready: 900 * ms},
+			podStart{variant: psOut, round: round, sandbox: 95 * ms, ready: 905 * ms},
+			podStart{variant: psCaptured, round: round, sandbox: 94 * ms, ready: 910 * ms})
+	}
+	r := fakeRun{addP50: 2 * ms, inDaemon: 1200 * time.Microsecond, iptP50: 8 * ms, nftP50: 20 * ms, phases: kernel()}.report(t)
+	r.res.podStart = ps
+	pass := map[string]bool{}
+	for _, tg := range r.podStartTargets() {
+		pass[tg.goal] = tg.pass
+	}
+	if !pass[goalPSCaptured] || pass[goalPSOut] || !pass[goalKubeAdd] {
+		t.Errorf("verdicts %v: want captured (+4 ms) and AddPod (1.17×) met, not captured (+5 ms) missed", pass)
+	}
+	notes := r.podStartNotes()
+	for _, want := range []string{"+5.0 ms over the bare chain", "a bare exec of it takes 2.00 ms", "1.400 ms against 1.200 ms standalone with the same ruleset (1.17×)", "Against the default spec's standalone AddPod (1.000 ms", "sighting 0.100 ms (standalone 0.000)"} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("notes lack %q:\n%s", want, notes)
+		}
+	}
+	md := r.markdown("BENCHMARKS.md", "")
+	for _, want := range []string{"## Pod start as the kubelet sees it", "## AddPod in Kubernetes mode", "| sighting | policy: remember"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+}
+
+// TestKubeAddJudgedAgainstTheSameRuleset: the Kubernetes-mode AddPod is
+// held to a standalone daemon programming the same ruleset (DNS capture,
+// no probe set), not to the default spec's, which programs fewer rules:
+// that ratio is shown, not judged.
+func TestKubeAddJudgedAgainstTheSameRuleset(t *testing.T) {
+	ps := &podStartResult{rounds: 1, perRound: 1,
+		kube:  map[string][]callLine{psCaptured: {{total: 3 * time.Millisecond}}},
+		same:  []callLine{{total: 2700 * time.Microsecond}},
+		alone: []callLine{{total: 2 * time.Millisecond}},
+	}
+	r := fakeRun{addP50: 2 * time.Millisecond, inDaemon: 2 * time.Millisecond, iptP50: 8 * time.Millisecond, nftP50: 20 * time.Millisecond, phases: kernel()}.report(t)
+	r.res.podStart = ps
+	found := false
+	for _, tg := range r.podStartTargets() {
+		if tg.goal != goalKubeAdd {
+			continue
+		}
+		found = true
+		if !tg.pass || !strings.Contains(tg.measured, "1.111× = 3.000 ms ÷ 2.700 ms") || !strings.Contains(tg.measured, "1.500× beside the cluster") {
+			t.Errorf("%s: %s, pass %v; want 1.11× against the same ruleset, met, and the default spec's 1.5× shown", tg.goal, tg.measured, tg.pass)
+		}
+	}
+	if !found {
+		t.Fatal("no Kubernetes-mode AddPod target")
+	}
+	if n, d := specRules(false), specRules(true); n <= 0 || d <= n {
+		t.Errorf("rules: %d without DNS capture, %d with; want more with", n, d)
+	}
+}
+
+// TestTaskCPU: the per-pod CPU figures see every thread's work, as
+// /proc/PID/stat's coarser ticks do.
+func TestTaskCPU(t *testing.T) {
+	if taskCPU(0) != 0 || taskCPU(-1) != 0 {
+		t.Fatal("no process, yet CPU time")
+	}
+	pid := os.Getpid()
+	fine0, coarse0 := taskCPU(pid), mustProcCPU(t, pid)
+	done := make(chan uint64)
+	go func() {
+		x := uint64(1)
+		for i := 0; i < 300_000_000; i++ {
+			x = x*6364136223846793005 + 1442695040888963407
+		}
+		done <- x
+	}()
+	<-done
+	fine, coarse := taskCPU(pid)-fine0, mustProcCPU(t, pid)-coarse0
+	if fine <= 0 || fine < coarse-30*time.Millisecond || fine > coarse+30*time.Millisecond {
+		t.Errorf("busy work on another thread: %s by schedstat, %s by /proc/PID/stat", fine, coarse)
+	}
+}
+
+func mustProcCPU(t *testing.T, pid int) time.Duration {
+	d, err := procCPU(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
