@@ -116,8 +116,12 @@ type podStartResult struct {
 	sameE2 []time.Duration
 	plugin []pluginLine
 	// versionExec is a bare exec of nftredir-cni (VERSION) in this
-	// section, for the plugin's start-up cost.
+	// section, for the plugin's start-up cost; goExec, timed turn about
+	// with it, that of the smallest Go program next to this one (pause
+	// -v), the floor under any Go plugin's exec. goExec is empty when
+	// there is no such program.
 	versionExec []time.Duration
+	goExec      []time.Duration
 	clusterUp   time.Duration
 	load        []float64
 }
@@ -368,11 +372,11 @@ func (b *bench) podStart(t *progTB, alone, same *daemon, binDir string, r *podSt
 		}
 	}
 	cpu.stop()
-	vexec, err := versionExecs(filepath.Join(binDir, "nftredir-cni"), 20)
-	if err != nil {
+	plugin := execTiming{bin: filepath.Join(binDir, "nftredir-cni"), env: []string{"CNI_COMMAND=VERSION"}, stdin: `{"cniVersion":"1.0.0"}`}
+	floor := execTiming{bin: minimalGoProgram(), args: []string{"-v"}}
+	if r.versionExec, r.goExec, err = timeExecs(plugin, floor, 40); err != nil {
 		t.Fatal(err)
 	}
-	r.versionExec = vexec
 
 	// containerd's own measure of each sandbox.
 	sb, err := sandboxTimes(c.ComponentLog("containerd"))
@@ -724,20 +728,58 @@ func standInProxy(t *progTB, path string) error {
 	return nil
 }
 
-// versionExecs times n bare execs of the plugin (CNI_COMMAND=VERSION).
-func versionExecs(bin string, n int) ([]time.Duration, error) {
-	var out []time.Duration
-	for range n {
-		cmd := exec.Command(bin)
-		cmd.Env = []string{"CNI_COMMAND=VERSION"}
-		cmd.Stdin = strings.NewReader(`{"cniVersion":"1.0.0"}`)
-		t0 := time.Now()
-		if b, err := cmd.CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("%s VERSION: %v: %s", bin, err, b)
-		}
-		out = append(out, time.Since(t0))
+// execTiming is a command timed from exec to exit.
+type execTiming struct {
+	bin   string // empty: not timed
+	args  []string
+	env   []string
+	stdin string
+}
+
+func (e execTiming) run() (time.Duration, error) {
+	cmd := exec.Command(e.bin, e.args...)
+	cmd.Env = e.env
+	cmd.Stdin = strings.NewReader(e.stdin)
+	t0 := time.Now()
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return 0, fmt.Errorf("%s %s: %v: %s", e.bin, strings.Join(e.args, " "), err, b)
 	}
-	return out, nil
+	return time.Since(t0), nil
+}
+
+// timeExecs runs a and b n times each, turn about, so that the machine's
+// drift weighs on both alike.
+func timeExecs(a, b execTiming, n int) (as, bs []time.Duration, err error) {
+	for range n {
+		for _, e := range []struct {
+			timing execTiming
+			out    *[]time.Duration
+		}{{a, &as}, {b, &bs}} {
+			if e.timing.bin == "" {
+				continue
+			}
+			d, err := e.timing.run()
+			if err != nil {
+				return nil, nil, err
+			}
+			*e.out = append(*e.out, d)
+		}
+	}
+	return as, bs, nil
+}
+
+// minimalGoProgram is the pause program make build puts next to this
+// one, or "" when it is not there.
+func minimalGoProgram() string {
+	self, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	p := filepath.Join(filepath.Dir(self), "pause")
+	if _, err := os.Stat(p); err != nil {
+		return ""
+	}
+	return p
 }
 
 // containerd's log lines around a sandbox (logrus text format):

@@ -104,6 +104,7 @@ func TestPodStartTargetsAndNotes(t *testing.T) {
 		same:        []callLine{{total: 1200 * time.Microsecond, phases: map[string]float64{"open": 0.2, "kernel": 0.7}}},
 		plugin:      []pluginLine{{captured: true, call: 2, run: 2.5}, {captured: false, call: 1.5, run: 2}},
 		versionExec: []time.Duration{2 * ms},
+		goExec:      []time.Duration{1500 * time.Microsecond},
 	}
 	for round := range 2 {
 		ps.pods = append(ps.pods,
@@ -121,7 +122,8 @@ func TestPodStartTargetsAndNotes(t *testing.T) {
 		t.Errorf("verdicts %v: want captured (+4 ms) and AddPod (1.17×) met, not captured (+5 ms) missed", pass)
 	}
 	notes := r.podStartNotes()
-	for _, want := range []string{"+5.0 ms over the bare chain", "a bare exec of it takes 2.00 ms", "1.400 ms against 1.200 ms standalone with the same ruleset (1.17×)", "Against the default spec's standalone AddPod (1.000 ms", "sighting 0.100 ms (standalone 0.000)"} {
+	for _, want := range []string{"+5.0 ms over the bare chain", "a bare exec of it takes 2.00 ms", "1.400 ms against 1.200 ms standalone with the same ruleset (1.17×)", "Against the default spec's standalone AddPod (1.000 ms", "sighting 0.100 ms (standalone 0.000)",
+		"takes 1.50 ms here (nftredir-cni's own bare exec 2.00 ms, +0.50 ms more", "time + 1.50 ms, 0.5 ms above the target of +1 ms, which no Go plugin meets", "+2.20 ms, 2.8 ms under the target of +5 ms"} {
 		if !strings.Contains(notes, want) {
 			t.Errorf("notes lack %q:\n%s", want, notes)
 		}

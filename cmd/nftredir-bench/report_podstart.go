@@ -89,6 +89,9 @@ func (r *report) kubeAddTable() table {
 		[]string{"nftredir-cni's run", "from its Go code's start to the daemon's answer", "", "", msCell(pluginP50(ps.plugin, false, true), 3), msCell(pluginP50(ps.plugin, true, true), 3)},
 		[]string{"nftredir-cni's bare exec", "CNI_COMMAND=VERSION, exec to exit", "", "", msCell(p50ms(ps.versionExec), 3), msCell(p50ms(ps.versionExec), 3)},
 	)
+	if len(ps.goExec) > 0 {
+		t.rows = append(t.rows, []string{"a minimal Go program's exec", "pause -v, exec to exit, turn about with the row above", "", "", msCell(p50ms(ps.goExec), 3), msCell(p50ms(ps.goExec), 3)})
+	}
 	t.notes = []string{fmt.Sprintf("Calls: %d and %d standalone (sequential, through this program's client, %d per daemon and round while the cluster ran, each after a %s pause so that it finds the daemon idle as a pod start's call does), %d not captured and %d captured in Kubernetes mode (through nftredir-cni, as the kubelet started the pods). "+
 		"What each column programs: *standalone, default spec* is the benchmark's main daemon (its defaults with --probe-snat=true): %d rules, no DNS capture, and each pod's address added to the node probe set; "+
 		"*standalone, Kubernetes mode's spec* is a second standalone daemon started with `%s`: %d rules with DNS capture (Kubernetes mode's default, as Istio's), no node probe set, as the Kubernetes-mode daemon here (no --probe-snat, no --kubelet-uid) programs a pod without annotations; "+
@@ -205,6 +208,9 @@ func (r *report) podStartNotes() string {
 	}())
 	notes = append(notes, fmt.Sprintf("- *The run's noise*: the bare chain's RunPodSandbox p50 ranged %.1f–%.1f ms from round to round (%d pods a round) on a machine whose load average went %s; "+
 		"a difference smaller than that range is not resolved by this run.", bare.lo, bare.hi, ps.perRound, loadText(ps.load)))
+	if n := floorNote(ps); n != "" {
+		notes = append(notes, n)
+	}
 	same, alone, kube := totalP50(ps.same), totalP50(ps.alone), totalP50(ps.kube[psCaptured])
 	notes = append(notes, fmt.Sprintf("- *AddPod in Kubernetes mode*: %.3f ms against %.3f ms standalone with the same ruleset (%.2f×); the phases Kubernetes mode adds or makes longer: %s. "+
 		"Against the default spec's standalone AddPod (%.3f ms, %d rules instead of %d, plus the node probe set) it is %.2f×.",
@@ -288,4 +294,27 @@ func loadText(l []float64) string {
 		lo, hi = min(lo, v), max(hi, v)
 	}
 	return fmt.Sprintf("from %.2f to %.2f over the rounds", lo, hi)
+}
+
+// floorNote sets the sandbox targets beside what no Go plugin can skip:
+// its own exec, and for a captured pod also the kernel's work, which
+// must be done before the plugin answers for the pod never to run
+// uncaptured.
+func floorNote(ps *podStartResult) string {
+	if len(ps.goExec) == 0 {
+		return ""
+	}
+	goExec, plugin := p50ms(ps.goExec), p50ms(ps.versionExec)
+	kernel := phaseP50(ps.kube[psCaptured], "kernel")
+	judge := func(target, floor float64) string {
+		if floor > target {
+			return fmt.Sprintf("%.1f ms above the target of +%.0f ms, which no Go plugin meets on this machine", floor-target, target)
+		}
+		return fmt.Sprintf("%.1f ms under the target of +%.0f ms", target-floor, target)
+	}
+	return fmt.Sprintf("- *The floor*: the smallest Go program, started and exited, takes %.2f ms here (nftredir-cni's own bare exec %.2f ms, %+.2f ms more, timed turn about). "+
+		"A pod not captured cannot start with a Go plugin in the chain in less than the bare chain's time + %.2f ms, %s. "+
+		"A captured one also waits for the kernel phase (%.2f ms p50 in Kubernetes mode), done before the answer so that the pod never runs uncaptured: "+
+		"+%.2f ms, %s.",
+		goExec, plugin, plugin-goExec, goExec, judge(maxOutExtraMS, goExec), kernel, goExec+kernel, judge(maxCapturedExtraMS, goExec+kernel))
 }
