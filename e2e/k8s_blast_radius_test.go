@@ -37,7 +37,8 @@ func startBlastCluster(t *testing.T) (*meshCluster, string) {
 		netns: c.Netns.Path,
 		args: []string{
 			"--kubernetes", "--kubeconfig", c.ServiceAccountKubeconfig(t, "nftredir-system", "nftredir"), "--node-name", c.NodeName,
-			"--kubernetes-state-dir", filepath.Join(dir, "seen"),
+			// Nothing of an older daemon to move in.
+			"--kubernetes-state-dir=",
 			"--zds-socket", m.zds,
 		},
 	})

@@ -42,7 +42,8 @@ func TestK8sCNI031(t *testing.T) {
 		netns: c.Netns.Path,
 		args: []string{
 			"--kubernetes", "--kubeconfig", kubeconfig, "--node-name", c.NodeName,
-			"--kubernetes-state-dir", filepath.Join(dir, "seen"),
+			// Nothing of an older daemon to move in.
+			"--kubernetes-state-dir=",
 			"--zds-socket", m.zds,
 		},
 	})

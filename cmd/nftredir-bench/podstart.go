@@ -656,7 +656,8 @@ func startKubeDaemon(c *kcluster.Cluster, bin, run, logDir, zdsSock string) (*da
 		"--reconcile-interval", "1h",
 		"--metrics-address=",
 		"--kubernetes", "--kubeconfig", c.AdminKubeconfig, "--node-name", c.NodeName,
-		"--kubernetes-state-dir", filepath.Join(run, "seen"),
+		// Nothing of an older daemon to move in.
+		"--kubernetes-state-dir=",
 		"--zds-socket", zdsSock,
 	}
 	return d, d.launch(c.NodeCommand(bin, args...))

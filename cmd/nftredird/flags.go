@@ -290,7 +290,9 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	if o.kubernetes && !given["dns-capture"] {
 		o.dnsCapture = defaults.KubernetesCaptureDNS
 	}
-	if given["kubernetes-state-dir"] {
+	// Empty is how a node already moved, or a test, says there is nothing
+	// to look for: not a use of the old directory, so no warning.
+	if given["kubernetes-state-dir"] && o.kubeStateDir != "" {
 		o.warnings = append(o.warnings, "--kubernetes-state-dir is deprecated: Kubernetes mode keeps its records under --state-dir; the directory it names is only moved in at start, and the flag can go once it is gone")
 	}
 	if err := o.check(); err != nil {

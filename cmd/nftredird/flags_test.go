@@ -39,8 +39,9 @@ func TestFlagDefaults(t *testing.T) {
 // TestKubernetesStateDirDeprecated: the flag that named the Kubernetes
 // agent's own directory now names where an older daemon kept it, to be
 // moved under --state-dir. Left out, that is the old default, without a
-// word; given, it is accepted with a warning; one that holds the state
-// directory, or lies in it, is refused before anything moves.
+// word; given, it is accepted with a warning, unless empty (nothing to
+// move); one that holds the state directory, or lies in it, is refused
+// before anything moves.
 func TestKubernetesStateDirDeprecated(t *testing.T) {
 	k8s := []string{"--kubernetes", "--node-name", "n1"}
 	o, err := parseFlags(k8s, env(nil), io.Discard)
@@ -52,7 +53,6 @@ func TestKubernetesStateDirDeprecated(t *testing.T) {
 	}
 	for _, args := range [][]string{
 		{"--kubernetes-state-dir", "/var/lib/nftredir/seen"},
-		{"--kubernetes-state-dir="},
 		{"--kubernetes-state-dir", "/run/nftredir/pods/seen"},
 	} {
 		o, err := parseFlags(append(args, k8s...), env(nil), io.Discard)
@@ -62,6 +62,10 @@ func TestKubernetesStateDirDeprecated(t *testing.T) {
 		if len(o.warnings) != 1 || !strings.Contains(o.warnings[0], "deprecated") {
 			t.Errorf("%q: warnings %q", args, o.warnings)
 		}
+	}
+	o, err = parseFlags(append([]string{"--kubernetes-state-dir="}, k8s...), env(nil), io.Discard)
+	if err != nil || o.kubeStateDir != "" || len(o.warnings) != 0 {
+		t.Errorf("empty: %v, %q, warnings %q", err, o.kubeStateDir, o.warnings)
 	}
 	o, err = parseFlags(k8s, env(map[string]string{"NFTREDIR_KUBERNETES_STATE_DIR": "/srv/seen"}), io.Discard)
 	if err != nil || o.kubeStateDir != "/srv/seen" || len(o.warnings) != 1 {
