@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/nftredir/nftredir/capture"
 	"github.com/nftredir/nftredir/internal/calltrace"
 	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/netns"
@@ -484,7 +485,7 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 		resp, err := a.enr.AddPod(withAgent(ctx), seen.request())
 		a.own.Delete(uid)
 		if err != nil {
-			if lifecycle.Classify(err).Kind == lifecycle.KindPrecondition && rec == nil {
+			if rec == nil && pathUnusable(err) {
 				// The remembered path no longer leads to the pod's
 				// namespace: only a new sandbox can tell us the new one.
 				_ = a.seen.forget(uid)
@@ -704,6 +705,15 @@ func (a *Agent) podFor(ctx context.Context, req *nftredirv1.AddPodRequest) (*cor
 		return pod, err
 	}
 	return nil, nil
+}
+
+// pathUnusable says whether an AddPod failed for its namespace path: the
+// node refused it (gone, not a namespace, the host's, another pod's).
+// Another agent's capture inside the namespace is not such a failure:
+// the path is still the pod's, and the pod is enrolled through it once
+// the namespace is clean.
+func pathUnusable(err error) bool {
+	return lifecycle.Classify(err).Kind == lifecycle.KindPrecondition && !errors.Is(err, capture.ErrForeignCapture)
 }
 
 // Added shows a failed enrolment on the pod and queues the pod so that

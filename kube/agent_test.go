@@ -31,6 +31,9 @@ type fakeEnroller struct {
 	proxy map[string]string
 	// stamp gives records their enrolment time, as the manager does.
 	stamp bool
+	// refuse, when set, is the kernel's answer to an admitted AddPod:
+	// the error it fails with, after the policy admitted the pod.
+	refuse atomic.Pointer[error]
 }
 
 // withProxyState is rec as the manager returns it: with the pod's ZDS
@@ -69,6 +72,10 @@ func (e *fakeEnroller) AddPod(ctx context.Context, req *nftredirv1.AddPodRequest
 	if adm.NotCaptured != "" {
 		e.a.Added(req, false, nil)
 		return &nftredirv1.AddPodResponse{NotCapturedReason: adm.NotCaptured}, nil
+	}
+	if refused := e.refuse.Load(); refused != nil {
+		e.a.Added(req, false, *refused)
+		return nil, *refused
 	}
 	r := adm.Request
 	e.mu.Lock()
