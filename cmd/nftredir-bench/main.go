@@ -464,7 +464,7 @@ func (b *bench) applyPhase(ctx context.Context, d *daemon, res *results, withCLI
 			}
 			res.apply[add.method] = append(res.apply[add.method], add)
 			res.apply[remove.method] = append(res.apply[remove.method], remove)
-			b.progress("  %-36s p50 %6.2f ms  p99 %6.2f ms  %7.0f pods/s  (remove p50 %.2f ms; load %.2f)", add.method, add.p50(), add.p99(), add.rate(), remove.p50(), add.load)
+			b.progress("  %-46s p50 %6.2f ms  p99 %6.2f ms  %7.0f pods/s  (remove p50 %.2f ms; load %.2f)", add.method, add.p50(), add.p99(), add.rate(), remove.p50(), add.load)
 			return nil
 		}}
 	}
@@ -493,7 +493,7 @@ func (b *bench) applyPhase(ctx context.Context, d *daemon, res *results, withCLI
 							return err
 						}
 						res.apply[m] = append(res.apply[m], s)
-						b.progress("  %-36s p50 %6.2f ms  p99 %6.2f ms  %7.1f pods/s  (load %.2f)", m, s.p50(), s.p99(), s.rate(), s.load)
+						b.progress("  %-46s p50 %6.2f ms  p99 %6.2f ms  %7.1f pods/s  (load %.2f)", m, s.p50(), s.p99(), s.rate(), s.load)
 						return nil
 					}})
 				}
