@@ -8,6 +8,10 @@
 #   make bench BENCH_FLAGS='-pods 50 -cycles 10000'
 #   make bench BENCH_FLAGS=-only-cni               # the CNI chains alone; prints, writes nothing
 #   make bench BENCH_FLAGS=-only-podstart          # pod start through the real cluster alone; prints, writes nothing
+# BASELINE names an earlier nftredird binary, measured beside this build
+# with the same AddPod and RemovePod samples (a refactor's A/B):
+#   make bench BASELINE=/tmp/nftredird-old                             # the full run, with the A/B table
+#   make bench BASELINE=/tmp/nftredird-old BENCH_FLAGS=-only-baseline  # the A/B alone; prints, writes nothing
 # The program finds bin/nftredird next to itself. Its pod start section
 # runs the project's single-node cluster (internal/kcluster, so the
 # Kubernetes binaries of deps-k8s), with stock ztunnel and istiod as the
@@ -15,6 +19,7 @@
 # the machine's heavy lock around it where others share the machine:
 #   flock /tmp/nftredir-heavy.lock make bench
 BENCH_FLAGS ?=
+BASELINE ?=
 
 bench: $(if $(ZTUNNEL_BIN),deps-istio,deps-k8s) build
-	$(BIN)/nftredir-bench $(BENCH_FLAGS)
+	$(BIN)/nftredir-bench $(if $(BASELINE),-baseline-daemon $(BASELINE)) $(BENCH_FLAGS)

@@ -234,8 +234,13 @@ func podIP(ns string) string {
 
 // addPodSample enrols N fresh namespaces through the daemon at conc
 // calls in flight, timing each call from the client's side, then releases
-// them the same way.
-func (b *bench) addPodSample(ctx context.Context, d *daemon, conc, rep int) (add, remove *sample, err error) {
+// them the same way. With baseline the daemon is the earlier build's: the samples get its
+// method names and its tables are checked against its own rule count.
+func (b *bench) addPodSample(ctx context.Context, d *daemon, conc, rep int, baseline bool) (add, remove *sample, err error) {
+	addName, removeName, wantRules := mAdd(conc), mRemove(conc), &b.wantRules
+	if baseline {
+		addName, removeName, wantRules = mAddBase(conc), mRemoveBase(conc), &b.baseRules
+	}
 	n := b.cfg.pods
 	names, err := b.pool.create(n, "a")
 	if err != nil {
@@ -279,7 +284,7 @@ func (b *bench) addPodSample(ctx context.Context, d *daemon, conc, rep int) (add
 		}
 		return s, err
 	}
-	add, err = run(mAdd(conc), func(i int) error {
+	add, err = run(addName, func(i int) error {
 		_, err := d.client.AddPod(ctx, addRequest(uid(i), names[i], podIP(names[i])))
 		if err != nil {
 			return fmt.Errorf("AddPod %s: %w", names[i], err)
@@ -290,11 +295,11 @@ func (b *bench) addPodSample(ctx context.Context, d *daemon, conc, rep int) (add
 		return nil, nil, err
 	}
 	for _, i := range []int{0, n - 1} {
-		if err := b.verifyNftredir(names[i], true); err != nil {
+		if err := b.verifyTable(names[i], true, wantRules); err != nil {
 			return nil, nil, err
 		}
 	}
-	remove, err = run(mRemove(conc), func(i int) error {
+	remove, err = run(removeName, func(i int) error {
 		existed, err := d.client.RemovePod(ctx, uid(i))
 		if err == nil && !existed {
 			err = errors.New("the daemon did not know the pod")
@@ -308,7 +313,7 @@ func (b *bench) addPodSample(ctx context.Context, d *daemon, conc, rep int) (add
 		return nil, nil, err
 	}
 	for _, i := range []int{0, n - 1} {
-		if err := b.verifyNftredir(names[i], false); err != nil {
+		if err := b.verifyTable(names[i], false, wantRules); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -369,6 +374,13 @@ func (b *bench) cliSample(ctx context.Context, method string, rep int) (*sample,
 // with every rule of the default spec and the policy routing (or, with
 // want false, neither).
 func (b *bench) verifyNftredir(name string, want bool) error {
+	return b.verifyTable(name, want, &b.wantRules)
+}
+
+// verifyTable is verifyNftredir against a rule count of *wantRules; a
+// count of 0 is learnt from the first table it finds, for a build whose
+// ruleset this program cannot build.
+func (b *bench) verifyTable(name string, want bool, wantRules *int) error {
 	h, err := b.guard.Open(nsPath(name))
 	if err != nil {
 		return err
@@ -382,9 +394,14 @@ func (b *bench) verifyNftredir(name string, want bool) error {
 	if err != nil {
 		return fmt.Errorf("verify %s: %w", name, err)
 	}
+	if want && *wantRules == 0 && rules > 0 {
+		*wantRules = rules
+	}
 	switch {
-	case want && rules != b.wantRules:
-		return fmt.Errorf("verify %s: table %s has %d rules, want %d", name, nft.TableName, rules, b.wantRules)
+	case want && rules <= 0:
+		return fmt.Errorf("verify %s: table %s missing or empty after AddPod (%d rules)", name, nft.TableName, rules)
+	case want && rules != *wantRules:
+		return fmt.Errorf("verify %s: table %s has %d rules, want %d", name, nft.TableName, rules, *wantRules)
 	case want && !rt.V4Rule, want && !rt.V4Route:
 		return fmt.Errorf("verify %s: policy routing incomplete: %+v", name, rt)
 	case !want && rules >= 0:

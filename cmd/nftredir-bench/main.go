@@ -58,6 +58,10 @@ type config struct {
 	psPods        int
 	onlyPodStart  bool
 	noPodStart    bool
+	// baselineDaemon is an earlier nftredird build measured beside this
+	// one in the apply section; onlyBaseline runs that comparison alone.
+	baselineDaemon string
+	onlyBaseline   bool
 	// args is the command line, for the report's "how to reproduce".
 	args []string
 }
@@ -109,6 +113,8 @@ func parseFlags(args []string, out io.Writer) (*config, error) {
 	fs.IntVar(&cfg.psPods, "podstart-pods", 5, "pod start section: pods per variant and round, created one after another")
 	fs.BoolVar(&cfg.onlyPodStart, "only-podstart", false, "run only the pod start section (a real cluster; ZTUNNEL_BIN for stock ztunnel); prints, writes nothing")
 	fs.BoolVar(&cfg.noPodStart, "no-podstart", false, "skip the pod start section (it needs make deps-k8s); the report then has no such section")
+	fs.StringVar(&cfg.baselineDaemon, "baseline-daemon", "", "an earlier nftredird binary, measured with AddPod and RemovePod beside this build's in the apply section, interleaved")
+	fs.BoolVar(&cfg.onlyBaseline, "only-baseline", false, "run only the AddPod/RemovePod comparison of this build with -baseline-daemon; prints, writes nothing")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -170,6 +176,12 @@ func parseFlags(args []string, out io.Writer) (*config, error) {
 		return nil, errors.New("-only-podstart writes no report: BENCHMARKS.md comes from a full run")
 	case cfg.onlyPodStart && (cfg.onlyCNI || cfg.noPodStart):
 		return nil, errors.New("-only-podstart goes with neither -only-cni nor -no-podstart")
+	case cfg.onlyBaseline && cfg.baselineDaemon == "":
+		return nil, errors.New("-only-baseline needs -baseline-daemon")
+	case cfg.onlyBaseline && set["out"]:
+		return nil, errors.New("-only-baseline writes no report: BENCHMARKS.md comes from a full run")
+	case cfg.onlyBaseline && (cfg.onlyCNI || cfg.onlyPodStart):
+		return nil, errors.New("-only-baseline goes with neither -only-cni nor -only-podstart")
 	case cfg.psRounds < 1 || cfg.psPods < 1:
 		return nil, errors.New("-podstart-rounds and -podstart-pods must be positive")
 	case cfg.dpConns < 1 || cfg.dpConns+dpWarmup > clientPorts[1]-clientPorts[0]:
@@ -177,7 +189,7 @@ func parseFlags(args []string, out io.Writer) (*config, error) {
 	case cfg.out == "" && cfg.svg != "" && set["svg"]:
 		return nil, errors.New("-svg needs -out: the chart belongs to the report")
 	}
-	if cfg.onlyCNI || cfg.onlyPodStart {
+	if cfg.onlyCNI || cfg.onlyPodStart || cfg.onlyBaseline {
 		cfg.out = ""
 	}
 	if cfg.out == "" {
@@ -207,6 +219,10 @@ type bench struct {
 	nodeNetns string // the daemons' stand-in for the node's namespace
 	daemons   map[*daemon]bool
 	wantRules int
+	// baseRules is the rule count of the baseline build's table, learnt
+	// from the first pod it programs: an earlier build may have programmed
+	// a different ruleset, which is a finding, not a failure.
+	baseRules int
 	log       io.Writer
 }
 
@@ -226,7 +242,13 @@ func (b *bench) sleep(ctx context.Context, d time.Duration) {
 }
 
 func (b *bench) startDaemon(dir string, extra ...string) (*daemon, error) {
-	d, err := startDaemon(b.cfg.daemon, dir, b.nodeNetns, extra...)
+	return b.startDaemonOf(b.cfg.daemon, dir, b.nodeNetns, extra...)
+}
+
+// startDaemonOf starts a daemon of any build on any node namespace and
+// tracks it, so that cleanup stops it on every path out of the run.
+func (b *bench) startDaemonOf(bin, dir, nodeNetns string, extra ...string) (*daemon, error) {
+	d, err := startDaemon(bin, dir, nodeNetns, extra...)
 	if err != nil {
 		return nil, err
 	}
@@ -249,6 +271,7 @@ type results struct {
 	dp       map[string][]*sample // by dpKey
 	cni      map[string][]*sample // by the CNI section's method names
 	podStart *podStartResult
+	baseline *baselineInfo // nil without -baseline-daemon
 	scale    *scaleResult
 	cycles   *cycleResult
 	machine  machine
@@ -266,6 +289,17 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) (err error)
 	b := &bench{cfg: cfg, pool: newPool(), daemons: map[*daemon]bool{}, log: stderr}
 	if b.cfg.daemon, err = findDaemon(cfg.daemon); err != nil {
 		return err
+	}
+	if cfg.baselineDaemon != "" {
+		// Checked before anything is created: a typo should cost nothing.
+		if b.cfg.baselineDaemon, err = filepath.Abs(cfg.baselineDaemon); err != nil {
+			return err
+		}
+		if fi, err := os.Stat(b.cfg.baselineDaemon); err != nil {
+			return fmt.Errorf("-baseline-daemon: %w", err)
+		} else if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+			return fmt.Errorf("-baseline-daemon: %s is not an executable file", b.cfg.baselineDaemon)
+		}
 	}
 	if n, err := sweep(); err != nil {
 		return fmt.Errorf("sweeping leftovers of earlier runs: %w", err)
@@ -304,6 +338,10 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) (err error)
 
 	res := &results{apply: map[string][]*sample{}, dp: map[string][]*sample{}, cni: map[string][]*sample{}, started: time.Now()}
 	res.machine = describeMachine(cfg.daemon)
+	if cfg.baselineDaemon != "" {
+		res.baseline = &baselineInfo{bin: cfg.baselineDaemon, version: daemonVersion(ctx, cfg.baselineDaemon)}
+		b.progress("baseline daemon %s: %s", cfg.baselineDaemon, res.baseline.version)
+	}
 	b.progress("nftredir-bench on %s, %d cores, kernel %s, load %.2f; daemon %s", res.machine.cpu, res.machine.cores, res.machine.kernel, res.machine.loadStart, cfg.daemon)
 
 	mainDir := filepath.Join(b.work, "main")
@@ -339,7 +377,18 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) (err error)
 		fmt.Fprint(stdout, "\n"+rep.podStartNotes())
 		return nil
 	}
-	if err := b.applyPhase(ctx, d, res); err != nil {
+	if cfg.onlyBaseline {
+		if err := b.applyPhase(ctx, d, res, false); err != nil {
+			return err
+		}
+		rep := newReport(cfg, res)
+		t := rep.baselineTable()
+		fmt.Fprint(stdout, t.text())
+		fmt.Fprint(stdout, "\n"+strings.Join(t.notes, "\n\n")+"\n")
+		fmt.Fprintf(stdout, "\nThis build: %s (revision %s). Baseline: %s (%s).\n", cfg.daemon, res.machine.revision, res.baseline.bin, res.baseline.version)
+		return nil
+	}
+	if err := b.applyPhase(ctx, d, res, true); err != nil {
 		return err
 	}
 	b.progress("phase breakdown: %d fresh namespaces, in process", cfg.phasePods)
@@ -385,42 +434,76 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) (err error)
 
 // applyPhase measures AddPod at each concurrency and the two baselines,
 // interleaved: each repetition runs every method once, in an order that
-// rotates, so drift in the machine's load spreads over all methods.
-func (b *bench) applyPhase(ctx context.Context, d *daemon, res *results) error {
+// rotates, so drift in the machine's load spreads over all methods. With
+// -baseline-daemon the earlier build's daemon is measured in the same
+// rotation; withCLI false leaves the exec-based baselines out.
+func (b *bench) applyPhase(ctx context.Context, d *daemon, res *results, withCLI bool) (err error) {
+	var base *baselineDaemon
+	if res.baseline != nil {
+		if base, err = b.startBaseline(ctx); err != nil {
+			return err
+		}
+		defer func() {
+			res.baseline.rules, res.baseline.thisRules = b.baseRules, b.wantRules
+			err = errors.Join(err, b.stopBaseline(base))
+		}()
+	}
 	type job struct {
 		name string
 		run  func(rep int) error
 	}
-	var jobs []job
-	for i, conc := range b.cfg.conc {
-		jobs = append(jobs, job{mAdd(conc), func(rep int) error {
-			add, remove, err := b.addPodSample(ctx, d, conc, rep)
+	daemonJob := func(dm *daemon, conc int, baseline bool) job {
+		name := mAdd(conc)
+		if baseline {
+			name = mAddBase(conc)
+		}
+		return job{name, func(rep int) error {
+			add, remove, err := b.addPodSample(ctx, dm, conc, rep, baseline)
 			if err != nil {
 				return err
 			}
 			res.apply[add.method] = append(res.apply[add.method], add)
 			res.apply[remove.method] = append(res.apply[remove.method], remove)
-			b.progress("  %-36s p50 %6.2f ms  p99 %6.2f ms  %7.0f pods/s  (remove p50 %.2f ms; load %.2f)", add.method, add.p50(), add.p99(), add.rate(), remove.p50(), add.load)
+			b.progress("  %-46s p50 %6.2f ms  p99 %6.2f ms  %7.0f pods/s  (remove p50 %.2f ms; load %.2f)", add.method, add.p50(), add.p99(), add.rate(), remove.p50(), add.load)
 			return nil
-		}})
-		if i == 0 {
-			// The baselines sit next to the sequential AddPod they are
-			// compared with.
-			for _, m := range []string{mIPT, mNFT} {
-				jobs = append(jobs, job{m, func(rep int) error {
-					s, err := b.cliSample(ctx, m, rep)
-					if err != nil {
-						return err
-					}
-					res.apply[m] = append(res.apply[m], s)
-					b.progress("  %-36s p50 %6.2f ms  p99 %6.2f ms  %7.1f pods/s  (load %.2f)", m, s.p50(), s.p99(), s.rate(), s.load)
-					return nil
-				}})
+		}}
+	}
+	jobsFor := func(rep int) []job {
+		var jobs []job
+		for i, conc := range b.cfg.conc {
+			pair := []job{daemonJob(d, conc, false)}
+			if base != nil {
+				pair = append(pair, daemonJob(base.d, conc, true))
+				// The two builds at one level sit next to each other, so
+				// their ratio compares samples close in time; which goes
+				// first alternates, so neither always runs in the other's
+				// wake (its namespaces' teardown, its warmed caches).
+				if rep%2 == 1 {
+					pair[0], pair[1] = pair[1], pair[0]
+				}
+			}
+			jobs = append(jobs, pair...)
+			if i == 0 && withCLI {
+				// The baselines sit next to the sequential AddPod they are
+				// compared with.
+				for _, m := range []string{mIPT, mNFT} {
+					jobs = append(jobs, job{m, func(rep int) error {
+						s, err := b.cliSample(ctx, m, rep)
+						if err != nil {
+							return err
+						}
+						res.apply[m] = append(res.apply[m], s)
+						b.progress("  %-46s p50 %6.2f ms  p99 %6.2f ms  %7.1f pods/s  (load %.2f)", m, s.p50(), s.p99(), s.rate(), s.load)
+						return nil
+					}})
+				}
 			}
 		}
+		return jobs
 	}
 	for rep := range b.cfg.reps {
 		b.progress("apply, repetition %d/%d: %d fresh namespaces per method", rep+1, b.cfg.reps, b.cfg.pods)
+		jobs := jobsFor(rep)
 		for k := range jobs {
 			j := jobs[(k+rep)%len(jobs)]
 			if err := j.run(rep); err != nil {

@@ -582,7 +582,23 @@ func (r *report) rawTable() table {
 }
 
 func (r *report) tables() []table {
-	return append([]table{r.targetTable(), r.applyTable(), r.baselineSteps(), r.phaseTable(), r.cniTable(), r.scaleTable(), r.resourceTable(), r.dpTable()}, r.podStartTables()...)
+	ts, _ := r.sections()
+	return ts
+}
+
+// sections are the report's tables and their Markdown section names, in
+// order; the A/B table is there only in a run that had a baseline build.
+func (r *report) sections() ([]table, []string) {
+	ts := []table{r.targetTable(), r.applyTable()}
+	names := []string{"Targets", "Programming one pod"}
+	if r.res.baseline != nil {
+		ts, names = append(ts, r.baselineTable()), append(names, baselineSection)
+	}
+	ts = append(ts, r.baselineSteps(), r.phaseTable(), r.cniTable(), r.scaleTable(), r.resourceTable(), r.dpTable())
+	names = append(names, "The baselines' commands", "Where AddPod's time goes", "CNI ADD as the runtime sees it", "Reconcile at scale",
+		"Memory and file descriptors", "Data path")
+	ps := r.podStartTables()
+	return append(ts, ps...), append(names, []string{"Pod start as the kubelet sees it", "AddPod in Kubernetes mode"}[:len(ps)]...)
 }
 
 func (r *report) text() string {
@@ -593,6 +609,9 @@ func (r *report) text() string {
 	m := r.res.machine
 	fmt.Fprintf(&sb, "\n%s, %d cores, kernel %s, %s; load %.2f at start, %.2f at end; %v in all\n",
 		m.cpu, m.cores, m.kernel, m.goVersion, m.loadStart, r.res.loadEnd, r.res.duration.Round(time.Second))
+	if b := r.res.baseline; b != nil {
+		fmt.Fprintf(&sb, "baseline build: %s: %s\n", b.bin, b.version)
+	}
 	return sb.String()
 }
 
@@ -636,9 +655,7 @@ func (r *report) markdown(out, svgPath string) string {
 		}
 		w("![Latency distributions: AddPod against iptables-restore and nft -f, and per-connection latency through capture](%s)\n\n", filepath.ToSlash(rel))
 	}
-	ts := r.tables()
-	sections := []string{"Targets", "Programming one pod", "The baselines' commands", "Where AddPod's time goes", "CNI ADD as the runtime sees it", "Reconcile at scale",
-		"Memory and file descriptors", "Data path", "Pod start as the kubelet sees it", "AddPod in Kubernetes mode"}
+	ts, sections := r.sections()
 	for i, t := range ts {
 		w("## %s\n\n", sections[i])
 		if t.title != sections[i] {
@@ -673,6 +690,10 @@ func (r *report) markdown(out, svgPath string) string {
 		"started again; the time runs from just before exec to the moment its grpc.health.v1 Watch says SERVING, which the daemon says only after its startup reconcile. "+
 		"Then this program deletes every pod's table through netlink while the daemon is down, and times the restart again. After each restart the daemon's ListPods and "+
 		"every namespace's table are checked.\n", r.res.scale.pods)
+	if r.res.baseline != nil {
+		w("- **Baseline build**: a second nftredird from `-baseline-daemon`, started as the main one but on a state dir and a node namespace of its own, " +
+			"measured with the same AddPod and RemovePod samples in the same rotation; see the note under its table.\n")
+	}
 	w("- **CNI chains**: see the note under their table.\n")
 	w("- **Memory and fds**: VmRSS and RssAnon from /proc/PID/status and the entries of /proc/PID/fd, one second after the daemon was last busy; the leak check compares RssAnon.\n")
 	w("- **Data path**: see the note under its table.\n")
@@ -690,18 +711,23 @@ func (r *report) markdown(out, svgPath string) string {
 		{"kernel", m.kernel},
 		{"Go", m.goVersion},
 		{"nftredird", "revision " + m.revision},
+	}
+	if b := r.res.baseline; b != nil {
+		rows = append(rows, [2]string{"baseline nftredird", fmt.Sprintf("`%s`: %s", b.bin, b.version)})
+	}
+	rows = append(rows, [][2]string{
 		{"nft", m.nft},
 		{"iptables", m.iptables},
 		{"iproute2", m.iproute},
 		{"load average (1 min)", fmt.Sprintf("%.2f at start, %.2f at end", m.loadStart, r.res.loadEnd)},
-	}
+	}...)
 	for _, row := range rows {
 		w("| %s | %s |\n", row[0], row[1])
 	}
 	w("\n## Reproduce\n\n")
 	w("As root, from a checkout:\n\n```sh\nmake bench                  # hack/deps.sh, build, then this run: %s\n"+
 		"bin/nftredir-bench -quick   # a smoke run of every part in seconds; prints, writes nothing\n```\n\n", r.cmdline())
-	w("Flags: `-pods`, `-reps`, `-reconcile-pods`, `-cycles`, `-conc`, `-dp-conc`, `-dp-duration`, `-dp-conns`, `-cni-pods`, `-only-cni`, `-podstart-rounds`, `-podstart-pods`, `-only-podstart`, `-no-podstart`, `-out`, `-svg`, `-quick`; `-h` lists them all. " +
+	w("Flags: `-pods`, `-reps`, `-reconcile-pods`, `-cycles`, `-conc`, `-dp-conc`, `-dp-duration`, `-dp-conns`, `-cni-pods`, `-only-cni`, `-podstart-rounds`, `-podstart-pods`, `-only-podstart`, `-no-podstart`, `-baseline-daemon`, `-only-baseline`, `-out`, `-svg`, `-quick`; `-h` lists them all. " +
 		"Everything the run creates is named `nftr-bench-<pid>-*` (namespaces in /run/netns, a tmpfs in /run) and removed at the end, on error and on Ctrl-C; " +
 		"a later run sweeps the leftovers of one that was killed.\n\n")
 	raw := r.rawTable()
