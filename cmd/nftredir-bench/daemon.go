@@ -81,10 +81,6 @@ func startDaemon(bin, dir, nodeNetns string, extra ...string) (*daemon, error) {
 		logPath:  filepath.Join(dir, "nftredird.log"),
 		exited:   make(chan struct{}),
 	}
-	logf, err := os.OpenFile(d.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, err
-	}
 	// No ZDS socket: no node proxy connects in the benchmark, and the
 	// default path would touch /var/run/ztunnel.
 	args := append([]string{
@@ -97,16 +93,33 @@ func startDaemon(bin, dir, nodeNetns string, extra ...string) (*daemon, error) {
 		// Served, as in production, but not on the node's port.
 		"--metrics-address=127.0.0.1:0",
 	}, extra...)
-	d.cmd = exec.Command(bin, args...)
+	if err := d.launch(exec.Command(bin, args...)); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// launch starts cmd as the daemon d, its output in d.logPath, and dials
+// its socket.
+func (d *daemon) launch(cmd *exec.Cmd) error {
+	logf, err := os.OpenFile(d.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	d.cmd = cmd
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	// Pdeathsig: a benchmark killed with SIGKILL takes its daemon along.
 	// Setpgid: a Ctrl-C in the terminal reaches the benchmark only, which
 	// then stops the daemon in order.
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if d.cmd.SysProcAttr == nil {
+		d.cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	d.cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	d.cmd.SysProcAttr.Setpgid = true
 	d.started = time.Now()
 	if err := d.cmd.Start(); err != nil {
 		logf.Close()
-		return nil, fmt.Errorf("start %s: %w", bin, err)
+		return fmt.Errorf("start %s: %w", cmd.Path, err)
 	}
 	go func() {
 		d.waitErr = d.cmd.Wait()
@@ -116,9 +129,9 @@ func startDaemon(bin, dir, nodeNetns string, extra ...string) (*daemon, error) {
 	d.client, err = client.Dial(context.Background(), d.socket)
 	if err != nil {
 		d.stop()
-		return nil, err
+		return err
 	}
-	return d, nil
+	return nil
 }
 
 func (d *daemon) pid() int { return d.cmd.Process.Pid }

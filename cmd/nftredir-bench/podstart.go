@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -25,7 +24,6 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 
-	"github.com/nftredir/nftredir/client"
 	"github.com/nftredir/nftredir/internal/calltrace"
 	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/internal/testkit/istiotest"
@@ -661,38 +659,6 @@ func startKubeDaemon(c *kcluster.Cluster, bin, run, logDir, zdsSock string) (*da
 		"--zds-socket", zdsSock,
 	}
 	return d, d.launch(c.NodeCommand(bin, args...))
-}
-
-// launch starts cmd as the daemon d, its output in d.logPath, and dials
-// its socket.
-func (d *daemon) launch(cmd *exec.Cmd) error {
-	logf, err := os.OpenFile(d.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	d.cmd = cmd
-	d.cmd.Stdout, d.cmd.Stderr = logf, logf
-	if d.cmd.SysProcAttr == nil {
-		d.cmd.SysProcAttr = &syscall.SysProcAttr{}
-	}
-	d.cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
-	d.cmd.SysProcAttr.Setpgid = true
-	d.started = time.Now()
-	if err := d.cmd.Start(); err != nil {
-		logf.Close()
-		return fmt.Errorf("start %s: %w", cmd.Path, err)
-	}
-	go func() {
-		d.waitErr = d.cmd.Wait()
-		logf.Close()
-		close(d.exited)
-	}()
-	d.client, err = client.Dial(context.Background(), d.socket)
-	if err != nil {
-		d.stop()
-		return err
-	}
-	return nil
 }
 
 // standInProxy connects to the ZDS socket as a node proxy would and acks
