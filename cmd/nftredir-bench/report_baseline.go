@@ -104,12 +104,15 @@ func (r *report) baselineVerdicts() string {
 }
 
 // baselineVerdict words a ratio this ÷ baseline over repetitions, with
-// the two medians (ms) it came from.
+// the medians of the two builds' p50s (ms).
 func baselineVerdict(ratio spread, this, base float64) string {
 	if math.IsNaN(ratio.med) {
 		return "no repetition has both builds' samples."
 	}
-	figures := fmt.Sprintf("%.3f ms against %.3f ms", this, base)
+	// The verdict is the ratios' median, taken repetition by repetition;
+	// the medians of the two p50s can order the other way, so they are
+	// named as what they are.
+	figures := fmt.Sprintf("median of the repetitions' ratios; medians of the p50s %.3f ms and %.3f ms", this, base)
 	var lead string
 	switch {
 	case ratio.med < 1:

@@ -63,7 +63,7 @@ func TestBaselineReportFasterInEveryRepetition(t *testing.T) {
 		t.Errorf("last row is %q", last)
 	}
 	notes := strings.Join(tb.notes, "\n")
-	for _, w := range []string{"*AddPod, 1 concurrent*: this build was faster, its p50 0.800× the baseline's (20.0% less time; 1.000 ms against 1.250 ms), in every one of 3 repetitions (ratio 0.750–0.846).",
+	for _, w := range []string{"*AddPod, 1 concurrent*: this build was faster, its p50 0.800× the baseline's (20.0% less time; median of the repetitions' ratios; medians of the p50s 1.000 ms and 1.250 ms), in every one of 3 repetitions (ratio 0.750–0.846).",
 		"*RemovePod, 16 concurrent*: this build was faster", "same number of rules per pod (17)"} {
 		if !strings.Contains(notes, w) {
 			t.Errorf("notes lack %q:\n%s", w, notes)
@@ -79,7 +79,7 @@ func TestBaselineReportStraddlingOne(t *testing.T) {
 	// range does not.
 	r := withBaseline(t, []float64{0.95, 1.02, 1.05}, []float64{1, 1, 1})
 	notes := strings.Join(r.baselineTable().notes, "\n")
-	want := "*AddPod, 4 concurrent*: the baseline build was faster, this build's p50 1.020× the baseline's (2.0% more time; 1.020 ms against 1.000 ms) at the median, " +
+	want := "*AddPod, 4 concurrent*: the baseline build was faster, this build's p50 1.020× the baseline's (2.0% more time; median of the repetitions' ratios; medians of the p50s 1.020 ms and 1.000 ms) at the median, " +
 		"but the ratio ranged 0.950–1.050 over 3 repetitions, either side of 1: the run does not resolve a difference."
 	if !strings.Contains(notes, want) {
 		t.Errorf("notes lack %q:\n%s", want, notes)
@@ -95,7 +95,7 @@ func TestBaselineReportSlowerAndSingleRepetition(t *testing.T) {
 		t.Errorf("a slower build is not said to be slower in every repetition:\n%s", notes)
 	}
 	notes = strings.Join(withBaseline(t, []float64{0.9}, []float64{1}).baselineTable().notes, "\n")
-	if !strings.Contains(notes, "this build was faster, its p50 0.900× the baseline's (10.0% less time; 0.900 ms against 1.000 ms); one repetition gives no range to judge it by, so the run does not resolve a difference.") {
+	if !strings.Contains(notes, "this build was faster, its p50 0.900× the baseline's (10.0% less time; median of the repetitions' ratios; medians of the p50s 0.900 ms and 1.000 ms); one repetition gives no range to judge it by, so the run does not resolve a difference.") {
 		t.Errorf("one repetition is judged:\n%s", notes)
 	}
 }
