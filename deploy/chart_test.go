@@ -14,9 +14,11 @@ import (
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
 
 	"github.com/nftredir/nftredir/internal/defaults"
@@ -99,6 +101,16 @@ type manifests struct {
 	nsRoles      []rbacv1.Role
 	roleBindings []rbacv1.RoleBinding
 	quotas       []corev1.ResourceQuota
+	// hook is the objects of the uninstall hook (helm.sh/hook), kept
+	// apart: helm makes them only on uninstall.
+	hook hookObjects
+}
+
+type hookObjects struct {
+	accounts     []corev1.ServiceAccount
+	roles        []rbacv1.Role
+	roleBindings []rbacv1.RoleBinding
+	jobs         []batchv1.Job
 }
 
 var docSep = regexp.MustCompile(`(?m)^---\s*$`)
@@ -119,11 +131,29 @@ func decode(t *testing.T, rendered string) *manifests {
 		if strings.TrimSpace(stripComments(doc)) == "" {
 			continue
 		}
-		var tm metav1.TypeMeta
+		var tm struct {
+			metav1.TypeMeta `json:",inline"`
+			Metadata        metav1.ObjectMeta `json:"metadata"`
+		}
 		if err := yaml.Unmarshal([]byte(doc), &tm); err != nil {
 			t.Fatalf("%v in:\n%s", err, doc)
 		}
 		b := []byte(doc)
+		if tm.Metadata.Annotations["helm.sh/hook"] != "" {
+			switch tm.APIVersion + " " + tm.Kind {
+			case "v1 ServiceAccount":
+				m.hook.accounts = append(m.hook.accounts, strict[corev1.ServiceAccount](t, b))
+			case "rbac.authorization.k8s.io/v1 Role":
+				m.hook.roles = append(m.hook.roles, strict[rbacv1.Role](t, b))
+			case "rbac.authorization.k8s.io/v1 RoleBinding":
+				m.hook.roleBindings = append(m.hook.roleBindings, strict[rbacv1.RoleBinding](t, b))
+			case "batch/v1 Job":
+				m.hook.jobs = append(m.hook.jobs, strict[batchv1.Job](t, b))
+			default:
+				t.Errorf("unexpected hook object %s %s:\n%s", tm.APIVersion, tm.Kind, doc)
+			}
+			continue
+		}
 		switch tm.APIVersion + " " + tm.Kind {
 		case "v1 ConfigMap":
 			m.configMaps = append(m.configMaps, strict[corev1.ConfigMap](t, b))
@@ -941,5 +971,53 @@ func TestUninstallAndTaintRBAC(t *testing.T) {
 				t.Errorf("NFTREDIR_CNI_READY_FILE %q, NFTREDIR_READY_FILE %q; want the same file under /run/nftredir", f, cm.Data["NFTREDIR_READY_FILE"])
 			}
 		})
+	}
+}
+
+// TestUninstallHook: helm uninstall first runs nftredird remove-daemonset
+// against this release's DaemonSet, with an account that may get and
+// delete that DaemonSet and nothing else, in a pod the DaemonSet does
+// not select, on the node's network (the CNI chain is being taken
+// away); uninstall.waitForPods "" leaves the hook out.
+func TestUninstallHook(t *testing.T) {
+	for _, name := range []string{"", "mesh-agent"} {
+		t.Run("nameOverride="+name, func(t *testing.T) {
+			m := decode(t, render(t, "--set", "nameOverride="+name))
+			ds, h := m.daemonSets[0], m.hook
+			if len(h.accounts) != 1 || len(h.roles) != 1 || len(h.roleBindings) != 1 || len(h.jobs) != 1 {
+				t.Fatalf("hook objects: %d accounts, %d roles, %d bindings, %d jobs; want one each", len(h.accounts), len(h.roles), len(h.roleBindings), len(h.jobs))
+			}
+			sa, r, b, job := h.accounts[0], h.roles[0], h.roleBindings[0], h.jobs[0]
+			for _, o := range []metav1.ObjectMeta{sa.ObjectMeta, r.ObjectMeta, b.ObjectMeta, job.ObjectMeta} {
+				if o.Annotations["helm.sh/hook"] != "pre-delete" || o.Namespace != ds.Namespace {
+					t.Errorf("%s: hook %q in %q; want pre-delete in %s", o.Name, o.Annotations["helm.sh/hook"], o.Namespace, ds.Namespace)
+				}
+			}
+			if len(r.Rules) != 1 || !slices.Equal(r.Rules[0].Resources, []string{"daemonsets"}) || !slices.Equal(r.Rules[0].ResourceNames, []string{ds.Name}) ||
+				!slices.Equal(r.Rules[0].Verbs, []string{"get", "delete"}) {
+				t.Errorf("hook Role rules %+v; want get and delete on the daemonset %s", r.Rules, ds.Name)
+			}
+			if b.RoleRef.Name != r.Name || len(b.Subjects) != 1 || b.Subjects[0].Name != sa.Name {
+				t.Errorf("hook RoleBinding %+v; want %s bound to %s", b, r.Name, sa.Name)
+			}
+			pod := job.Spec.Template.Spec
+			if pod.ServiceAccountName != sa.Name || !pod.HostNetwork || len(pod.Containers) != 1 {
+				t.Fatalf("hook pod: account %q, hostNetwork %v, %d containers", pod.ServiceAccountName, pod.HostNetwork, len(pod.Containers))
+			}
+			want := []string{"/usr/local/bin/nftredird", "remove-daemonset", "--namespace=" + ds.Namespace, "--name=" + ds.Name, "--timeout=2m"}
+			if c := pod.Containers[0]; !slices.Equal(c.Command, want) || c.Image != ds.Spec.Template.Spec.Containers[0].Image {
+				t.Errorf("hook container %v %v; want %v with the DaemonSet's image", c.Image, c.Command, want)
+			}
+			sel, err := metav1.LabelSelectorAsSelector(ds.Spec.Selector)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sel.Matches(labels.Set(job.Spec.Template.Labels)) {
+				t.Errorf("the DaemonSet's selector %v selects the hook's pod %v", ds.Spec.Selector, job.Spec.Template.Labels)
+			}
+		})
+	}
+	if m := decode(t, render(t, "--set", "uninstall.waitForPods=")); len(m.hook.jobs)+len(m.hook.roles)+len(m.hook.accounts)+len(m.hook.roleBindings) != 0 {
+		t.Errorf("uninstall.waitForPods empty still renders hook objects: %+v", m.hook)
 	}
 }

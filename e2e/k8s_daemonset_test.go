@@ -631,9 +631,13 @@ func TestK8sDaemonSet(t *testing.T) {
 			t.Fatalf("ListPods before uninstall: %v %v", pods, err)
 		}
 		captured(t, web)
-		// One step, as a user takes nftredir off (docs/deploy.md): helm
-		// deletes the DaemonSet, then at once its RBAC and ServiceAccount,
-		// without waiting for the pods to stop.
+		// Annotated, so that its removal below is the uninstall's.
+		c.WaitPod(t, "mesh", "web", kcluster.DefaultTimeout, kube.RedirectionAnnotation+" set", func(p *corev1.Pod) bool {
+			return p.Annotations[kube.RedirectionAnnotation] != ""
+		})
+		// One step, as a user takes nftredir off (docs/deploy.md): the
+		// pre-delete hook deletes the DaemonSet and waits for its pods,
+		// then helm deletes the rest.
 		start := time.Now()
 		t.Logf("helm uninstall:\n%s", helm(t, c, "uninstall", dsRelease, "--namespace", dsNamespace, "--wait", "--timeout", "120s"))
 		deadline := time.Now().Add(kcluster.DefaultTimeout)
@@ -688,12 +692,13 @@ func TestK8sDaemonSet(t *testing.T) {
 		// shows it is gone.
 		line := c.Netns.DialAsLine(t, dialer, dsClientUID, netip.AddrPortFrom(mustAddr(t, web.Status.PodIP), 8080))
 		wantDirect(t, line, "web")
-		// The redirection annotation is cleared only while the daemon may
-		// still patch pods: helm uninstall deletes the RBAC right after the
-		// DaemonSet, before its pods stop (docs/deploy.md), so it is logged,
-		// not required.
-		if p, err := c.Client.CoreV1().Pods("mesh").Get(t.Context(), "web", metav1.GetOptions{}); err == nil {
-			t.Logf("mesh/web's %s annotation after uninstall: %q", kube.RedirectionAnnotation, p.Annotations[kube.RedirectionAnnotation])
+		// The redirection annotation is cleared: the chart's pre-delete
+		// hook keeps the RBAC until the daemon has stopped (helm alone
+		// deletes it right after the DaemonSet, before its pods stop).
+		if p, err := c.Client.CoreV1().Pods("mesh").Get(t.Context(), "web", metav1.GetOptions{}); err != nil {
+			t.Error(err)
+		} else if v, ok := p.Annotations[kube.RedirectionAnnotation]; ok {
+			t.Errorf("mesh/web's %s annotation after uninstall: %q; want it taken off", kube.RedirectionAnnotation, v)
 		}
 		t.Logf("after uninstall: %s has the primary CNI's %d bytes again, no binary; node tables:\n%s\nmesh/web answers %q", kcluster.ConflistName, len(got), tables, line)
 		// New pods start, in the mesh namespace too, uncaptured.

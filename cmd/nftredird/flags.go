@@ -129,6 +129,11 @@ Usage:
                                 and nothing else, then exit; a plain stop
                                 leaves the table, so kubelet probes keep
                                 working while the daemon restarts
+  nftredird remove-daemonset --namespace NS --name NAME [--timeout D]
+                                delete nftredir's DaemonSet in the
+                                foreground and wait for its pods to stop
+                                (the Helm chart's pre-delete hook);
+                                --help lists its flags
 
 It serves ZDS (the protocol of Istio's node agent) on --zds-socket, so
 stock ztunnel gets every enrolled pod's namespace from it. On a
@@ -248,7 +253,7 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 		return o, nil
 	}
 	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments %q; nftredird takes flags and the one command %q", fs.Args(), cmdUninstall)
+		return nil, fmt.Errorf("unexpected arguments %q; nftredird takes flags and the command %q (or %q first, with its own flags)", fs.Args(), cmdUninstall, cmdRemoveDaemonSet)
 	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })

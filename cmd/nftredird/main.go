@@ -56,6 +56,10 @@ func tuneGC(lookupEnv func(string) (string, bool)) {
 // run returns the exit code: 0 after a clean stop, 1 when the daemon
 // could not start or failed, 2 for invalid flags.
 func run(args []string, lookupEnv func(string) (string, bool), stderr io.Writer) int {
+	// Not the daemon: a client of the API with flags of its own.
+	if len(args) > 0 && args[0] == cmdRemoveDaemonSet {
+		return runRemoveDaemonSet(args[1:], stderr)
+	}
 	opts, err := parseFlags(args, lookupEnv, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
