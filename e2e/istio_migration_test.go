@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -16,6 +18,8 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -354,22 +358,79 @@ func captureOf(t *testing.T, ns *nstest.Netns) podCapture {
 	return s
 }
 
-// readCapture lists the namespace's tables and chains over netlink.
+// readCapture lists the namespace's tables and chains over netlink. The
+// two are separate dumps, not one view: a transaction between them (the
+// take-over's, which adds our table and deletes istio-cni's chains) would
+// read as neither capture, or both. So the read is taken between two
+// reads of the ruleset's generation, and repeated until they agree: then
+// no transaction committed while it ran.
 func readCapture(path string) (podCapture, error) {
-	var s podCapture
 	f, err := os.Open(path)
 	if err != nil {
-		return s, err
+		return podCapture{}, err
 	}
 	defer f.Close()
 	conn, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
 	if err != nil {
-		return s, err
+		return podCapture{}, err
 	}
-	tables, err := conn.ListTables()
+	for range 100 {
+		before, err := nftGeneration(f)
+		if err != nil {
+			return podCapture{}, err
+		}
+		s, err := readCaptureOnce(conn)
+		if err != nil {
+			return s, err
+		}
+		after, err := nftGeneration(f)
+		if err != nil {
+			return s, err
+		}
+		if before == after {
+			return s, nil
+		}
+	}
+	return podCapture{}, errors.New("the ruleset kept changing while it was read")
+}
+
+// nftGeneration is the namespace's nftables ruleset generation, which
+// every committed transaction advances (NFT_MSG_GETGEN).
+func nftGeneration(ns *os.File) (uint32, error) {
+	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: int(ns.Fd())})
 	if err != nil {
-		return s, err
+		return 0, err
 	}
+	defer c.Close()
+	msgs, err := c.Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN), Flags: netlink.Request},
+		// struct nfgenmsg: family, version, res_id.
+		Data: []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0},
+	})
+	if err != nil {
+		return 0, fmt.Errorf("nftables generation: %w", err)
+	}
+	if len(msgs) != 1 || len(msgs[0].Data) < 4 {
+		return 0, fmt.Errorf("nftables generation: %d answers", len(msgs))
+	}
+	ad, err := netlink.NewAttributeDecoder(msgs[0].Data[4:])
+	if err != nil {
+		return 0, err
+	}
+	ad.ByteOrder = binary.BigEndian
+	for ad.Next() {
+		if ad.Type() == unix.NFTA_GEN_ID {
+			return ad.Uint32(), nil
+		}
+	}
+	if err := ad.Err(); err != nil {
+		return 0, err
+	}
+	return 0, errors.New("nftables generation: no NFTA_GEN_ID")
+}
+
+// fromTables notes our table and istio-cni's own tables.
+func (s *podCapture) fromTables(tables []*nftables.Table) {
 	for _, tb := range tables {
 		switch {
 		case tb.Family == nftables.TableFamilyINet && tb.Name == "nftredir":
@@ -378,6 +439,15 @@ func readCapture(path string) (podCapture, error) {
 			s.istio = append(s.istio, "table inet "+tb.Name)
 		}
 	}
+}
+
+func readCaptureOnce(conn *nftables.Conn) (podCapture, error) {
+	var s podCapture
+	tables, err := conn.ListTables()
+	if err != nil {
+		return s, err
+	}
+	s.fromTables(tables)
 	chains, err := conn.ListChains()
 	if err != nil {
 		return s, err
@@ -615,4 +685,74 @@ func (w *annoWatch) values(name string) []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return slices.Clone(w.seen[name])
+}
+
+// TestReadCaptureSeesOneTransactionWhole: the take-over watch must read
+// a namespace as it is between transactions. A transaction that swaps
+// istio-cni's chains for our table, landing between readCapture's dumps
+// of tables and of chains, read as "no capture" and failed the migration
+// test although the kernel never was without one.
+func TestReadCaptureSeesOneTransactionWhole(t *testing.T) {
+	ns := nstest.NewNetns(t)
+	f, err := os.Open(ns.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	conn, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	istio := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: "mangle"}
+	ours := &nftables.Table{Family: nftables.TableFamilyINet, Name: "nftredir"}
+	theirs := func() {
+		conn.AddTable(istio)
+		conn.AddChain(&nftables.Chain{Table: istio, Name: "ISTIO_PRERT"})
+	}
+	theirs()
+	if err := conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	swaps := make(chan error, 1)
+	go func() {
+		// Each Flush is one transaction: one capture out, the other in.
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				swaps <- nil
+				return
+			default:
+			}
+			if i%2 == 0 {
+				conn.DelTable(istio)
+				conn.AddTable(ours)
+			} else {
+				conn.DelTable(ours)
+				theirs()
+			}
+			if err := conn.Flush(); err != nil {
+				swaps <- err
+				return
+			}
+		}
+	}()
+	var odd []string
+	for range 1000 {
+		s, err := readCapture(ns.Path)
+		if err != nil {
+			t.Error(err)
+			break
+		}
+		if s.none() || s.ours && len(s.istio) > 0 {
+			odd = append(odd, s.String())
+		}
+	}
+	close(stop)
+	if err := <-swaps; err != nil {
+		t.Fatal(err)
+	}
+	if len(odd) > 0 {
+		t.Errorf("%d of 1000 reads saw a state no transaction left: %q", len(odd), odd[:min(len(odd), 5)])
+	}
 }
