@@ -105,21 +105,7 @@ func TestIstioMigrationFromIstioCNI(t *testing.T) {
 	}
 
 	serverAddr := netip.AddrPortFrom(netip.MustParseAddr(server.Status.PodIP), 8080).String()
-	c.ApplyYAML(t, fmt.Sprintf(`apiVersion: security.istio.io/v1
-kind: AuthorizationPolicy
-metadata:
-  name: server-allow-client
-  namespace: %s
-spec:
-  selector:
-    matchLabels:
-      app: server
-  action: ALLOW
-  rules:
-  - from:
-    - source:
-        principals: ["cluster.local/ns/%s/sa/client-sa"]
-`, ns, ns))
+	c.ApplyYAML(t, serverAllowsOnlyClient(ns))
 	waitUntil(t, "istio-cni's mesh to refuse other-sa at the server (the policy pushed)", 30*time.Second, func() bool {
 		_, err := exchange(pins[other.Name], serverAddr)
 		return err != nil

@@ -377,21 +377,7 @@ func TestIstioAmbientMesh(t *testing.T) {
 		// refuses, it refuses because of the policy.
 		waitAnswer(t, otherNS, serverAddr, "server")
 		waitAnswer(t, outsiderNS, serverAddr, "server")
-		im.ApplyYAML(t, fmt.Sprintf(`apiVersion: security.istio.io/v1
-kind: AuthorizationPolicy
-metadata:
-  name: server-allow-client
-  namespace: %s
-spec:
-  selector:
-    matchLabels:
-      app: server
-  action: ALLOW
-  rules:
-  - from:
-    - source:
-        principals: ["cluster.local/ns/%s/sa/client-sa"]
-`, ns, ns))
+		im.ApplyYAML(t, serverAllowsOnlyClient(ns))
 		// istiod pushes the policy to ztunnel asynchronously.
 		var got string
 		var err error
@@ -539,4 +525,24 @@ func (im *istioMesh) waitSnapshots(t *testing.T, n int) string {
 		return len(sent) >= n && strings.Contains(sent[len(sent)-1], fmt.Sprintf(`"pods":%d`, want))
 	})
 	return fmt.Sprintf("%d pods enrolled; log:\n%s", want, strings.Join(lines, "\n"))
+}
+
+// serverAllowsOnlyClient is the suites' L4 policy: in namespace ns, the
+// pods labelled app=server admit client-sa's principal and no one else.
+func serverAllowsOnlyClient(ns string) string {
+	return fmt.Sprintf(`apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata:
+  name: server-allow-client
+  namespace: %s
+spec:
+  selector:
+    matchLabels:
+      app: server
+  action: ALLOW
+  rules:
+  - from:
+    - source:
+        principals: ["cluster.local/ns/%s/sa/client-sa"]
+`, ns, ns)
 }
