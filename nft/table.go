@@ -13,7 +13,7 @@ import (
 
 // Table is one table nftredir owns, as a pure value: the pod table (Build)
 // and the node's probe table (package probe) are both Tables, built from
-// the same words (expr.go), encoded and digested the same way, applied by
+// the same words (build.go), encoded and digested the same way, applied by
 // the same batch (batch.go), and read back and compared by the same code
 // (live.go). Only their specs differ.
 type Table struct {
