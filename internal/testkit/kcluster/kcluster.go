@@ -32,6 +32,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/nftredir/nftredir/internal/testkit/nstest"
+	"github.com/nftredir/nftredir/internal/testkit/testenv"
 )
 
 // KubeVersion is the Kubernetes release the cluster runs; hack/k8s-tools.sh
@@ -158,12 +159,12 @@ func Start(t testing.TB, o Options) *Cluster {
 		t.Fatal(err)
 	}
 	if c.tools, err = toolsDir(o.ToolsDir); err != nil {
-		t.Fatal(err)
+		testenv.Missing(t, "%v", err)
 	}
 	c.pluginSrc = filepath.Join(c.repo, "bin")
 	for _, p := range []string{"bridge", "host-local", "loopback"} {
 		if _, err := os.Stat(filepath.Join(c.pluginSrc, p)); err != nil {
-			t.Fatalf("CNI plugin %s is missing (%v); run hack/deps.sh (make deps) to build the reference plugins", p, err)
+			testenv.Missing(t, "CNI plugin %s is missing (%v); run hack/deps.sh (make deps) to build the reference plugins", p, err)
 		}
 	}
 	sweepStale(t, c.tools)
