@@ -443,12 +443,18 @@ func ifname(n string) []byte {
 
 // nft: meta l4proto tcp
 func L4Proto(proto byte, name string) Word {
+	return metaByteIs(expr.MetaKeyL4PROTO, "l4proto", proto, name)
+}
+
+// metaByteIs matches a one-byte meta key (a protocol number) against v,
+// printed as name.
+func metaByteIs(key expr.MetaKey, word string, v byte, name string) Word {
 	return Word{
 		exprs: []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+			&expr.Meta{Key: key, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{v}},
 		},
-		text: "meta l4proto " + name,
+		text: "meta " + word + " " + name,
 	}
 }
 
@@ -502,13 +508,7 @@ func SNAT(to netip.Addr) Word {
 
 // nft: meta nfproto ipv6
 func nfproto(proto byte, name string) Word {
-	return Word{
-		exprs: []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
-		},
-		text: "meta nfproto " + name,
-	}
+	return metaByteIs(expr.MetaKeyNFPROTO, "nfproto", proto, name)
 }
 
 // nft: iifname "lo" / oifname "lo"
