@@ -48,8 +48,9 @@ func TestBaselineNamesKeepTheirRPC(t *testing.T) {
 }
 
 func TestBaselineReportFasterInEveryRepetition(t *testing.T) {
-	// Ratios 0.800, 0.846, 0.750: this build faster each time.
-	r := withBaseline(t, []float64{1.0, 1.1, 0.9}, []float64{1.25, 1.3, 1.2})
+	// Ratios 0.800, 0.846, 0.750 and three more: this build faster each
+	// time, in enough repetitions (6) to resolve it.
+	r := withBaseline(t, []float64{1.0, 1.1, 0.9, 1.0, 1.1, 0.9}, []float64{1.25, 1.3, 1.2, 1.25, 1.3, 1.2})
 	tb := r.baselineTable()
 	if len(tb.rows) != 2*len(r.cfg.conc) {
 		t.Fatalf("%d rows, want AddPod and RemovePod at %d levels", len(tb.rows), len(r.cfg.conc))
@@ -63,7 +64,7 @@ func TestBaselineReportFasterInEveryRepetition(t *testing.T) {
 		t.Errorf("last row is %q", last)
 	}
 	notes := strings.Join(tb.notes, "\n")
-	for _, w := range []string{"*AddPod, 1 concurrent*: this build was faster, its p50 0.800× the baseline's (20.0% less time; median of the repetitions' ratios; medians of the p50s 1.000 ms and 1.250 ms), in every one of 3 repetitions (ratio 0.750–0.846).",
+	for _, w := range []string{"*AddPod, 1 concurrent*: this build was faster, its p50 0.800× the baseline's (20.0% less time; median of the repetitions' ratios; medians of the p50s 1.000 ms and 1.250 ms), in every one of 6 repetitions (ratio 0.750–0.846); two equal builds would show that 3.1% of the time.",
 		"*RemovePod, 16 concurrent*: this build was faster", "same number of rules per pod (17)"} {
 		if !strings.Contains(notes, w) {
 			t.Errorf("notes lack %q:\n%s", w, notes)
@@ -93,6 +94,10 @@ func TestBaselineReportSlowerAndSingleRepetition(t *testing.T) {
 	notes := strings.Join(withBaseline(t, []float64{1.5, 1.4, 1.6}, []float64{1, 1, 1}).baselineTable().notes, "\n")
 	if !strings.Contains(notes, "the baseline build was faster, this build's p50 1.500× the baseline's (50.0% more time") || !strings.Contains(notes, "in every one of 3 repetitions (ratio 1.400–1.600)") {
 		t.Errorf("a slower build is not said to be slower in every repetition:\n%s", notes)
+	}
+	// Three repetitions on one side happen to equal builds 1 time in 4.
+	if !strings.Contains(notes, "which two equal builds would also show 25% of the time: the run does not resolve a difference; more repetitions (-reps) would.") {
+		t.Errorf("3 repetitions on one side are taken as resolving a difference:\n%s", notes)
 	}
 	notes = strings.Join(withBaseline(t, []float64{0.9}, []float64{1}).baselineTable().notes, "\n")
 	if !strings.Contains(notes, "this build was faster, its p50 0.900× the baseline's (10.0% less time; median of the repetitions' ratios; medians of the p50s 0.900 ms and 1.000 ms); one repetition gives no range to judge it by, so the run does not resolve a difference.") {
