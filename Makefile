@@ -42,10 +42,10 @@ deps-helm:
 # any node, whatever its libc (and nftredir-cni, exec'd once per pod and
 # command, starts about 0.7 ms sooner without the dynamic loader). The VCS stamp feeds --version: the
 # toolchain's where it makes one, else the linker flags of
-# hack/version-ldflags.sh.
+# hack/ldflags.sh, which also strips the binaries as the image does.
 build:
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 $(GO) build -buildvcs=auto -trimpath -ldflags "$$(hack/version-ldflags.sh)" -o $(BIN)/ ./cmd/... ./tools/...
+	CGO_ENABLED=0 $(GO) build -buildvcs=auto -trimpath -ldflags "$$(hack/ldflags.sh)" -o $(BIN)/ ./cmd/... ./tools/...
 
 # image is the scratch-style image of the static binaries for linux/amd64
 # and linux/arm64 (GOARCH cross-builds), one OCI image index built offline

@@ -9,8 +9,9 @@ import (
 )
 
 // TestBinariesStaticAndVersioned checks what a scratch image and a node of
-// any libc need: no dynamic loader, no shared libraries; and that every
-// binary names the commit it was built from.
+// any libc need: no dynamic loader, no shared libraries; that the binaries
+// are linked as the image's; and that every binary names the commit it
+// was built from.
 func TestBinariesStaticAndVersioned(t *testing.T) {
 	bin := binaries(t)
 	rev, err := exec.Command("git", "-C", bin.Repo, "rev-parse", "HEAD").Output()
@@ -33,6 +34,10 @@ func TestBinariesStaticAndVersioned(t *testing.T) {
 			}
 			if libs, err := f.ImportedLibraries(); err != nil || len(libs) > 0 {
 				t.Errorf("imports shared libraries %v (%v)", libs, err)
+			}
+			// The tests and the bench run what the image ships.
+			if f.Section(".symtab") != nil || f.Section(".debug_info") != nil {
+				t.Errorf("has a symbol table or DWARF: not linked as the image's binaries are (hack/ldflags.sh)")
 			}
 			out, err := exec.Command(path, "--version").CombinedOutput()
 			if err != nil {

@@ -75,10 +75,10 @@ func binaries(t testing.TB) Binaries {
 			buildErr = fmt.Errorf("no go command on PATH to build the binaries: %w", err)
 			return
 		}
-		// As make build does: static, and stamped for --version.
-		ldflags, err := exec.Command(filepath.Join(repo, "hack", "version-ldflags.sh")).Output()
+		// As make build does: static, stripped, and stamped for --version.
+		ldflags, err := exec.Command(filepath.Join(repo, "hack", "ldflags.sh")).Output()
 		if err != nil {
-			buildErr = fmt.Errorf("hack/version-ldflags.sh: %v", err)
+			buildErr = fmt.Errorf("hack/ldflags.sh: %v", err)
 			return
 		}
 		cmd := exec.Command(goBin, "build", "-buildvcs=auto", "-ldflags", strings.TrimSpace(string(ldflags)),

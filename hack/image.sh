@@ -10,14 +10,14 @@
 #
 # The binaries land in BIN_ROOT/linux-<arch>/. IMAGE_PLATFORMS (default
 # "linux/amd64 linux/arm64") picks the platforms; MKIMAGE overrides the
-# builder (default: go run ./tools/mkimage). The binaries are make build's
-# without the symbol table and DWARF (-s -w, a third smaller; stack traces
-# and --version are unaffected) and without local paths (-trimpath).
+# builder (default: go run ./tools/mkimage). The binaries are linked as
+# make build's (hack/ldflags.sh: no symbol table or DWARF, a third smaller,
+# and stamped for --version) and built without local paths (-trimpath).
 set -eu
 [ $# -eq 3 ] || { echo "usage: $0 OUT.tar TAG BIN_ROOT" >&2; exit 2; }
 out=$1 tag=$2 root=$3
 cd "$(dirname "$0")/.."
-ldflags="-s -w $(hack/version-ldflags.sh)"
+ldflags="$(hack/ldflags.sh)"
 set --
 for plat in ${IMAGE_PLATFORMS:-linux/amd64 linux/arm64}; do
 	os=${plat%%/*} arch=${plat#*/}

@@ -24,8 +24,8 @@ type Info struct {
 	Go       string
 }
 
-// The VCS stamp given by the linker (hack/version-ldflags.sh, which make
-// build and the tests use), for builds where the Go toolchain stamps none:
+// The VCS stamp given by the linker (hack/ldflags.sh, which make build,
+// the image and the tests use), for builds where the Go toolchain stamps none:
 // it finds a repository only by a .git directory, so a build in a linked
 // git worktree (whose .git is a file) carries no vcs.* settings.
 var (

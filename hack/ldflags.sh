@@ -1,0 +1,20 @@
+#!/bin/sh
+# Prints the linker flags of every nftredir build (make build, the image,
+# the e2e binaries), so the binaries the tests and the bench run are the
+# ones that ship:
+#   -s -w   no symbol table or DWARF, a third smaller. Stack traces keep
+#           their names (they come from the pclntab) and --version its
+#           stamp; a debugger needs a build without them.
+#   -X      the VCS revision stamped into internal/version, for builds the
+#           Go toolchain does not stamp itself (a linked git worktree);
+#           left out outside a git checkout.
+cd "$(dirname "$0")/.." || exit 1
+flags="-s -w"
+if rev=$(git rev-parse HEAD 2>/dev/null); then
+	when=$(TZ=UTC git log -1 --date=format-local:%Y-%m-%dT%H:%M:%SZ --format=%cd 2>/dev/null)
+	mod=false
+	[ -n "$(git status --porcelain 2>/dev/null)" ] && mod=true
+	pkg=github.com/nftredir/nftredir/internal/version
+	flags="$flags -X $pkg.revision=$rev -X $pkg.revisionTime=$when -X $pkg.modified=$mod"
+fi
+echo "$flags"
