@@ -12,9 +12,8 @@
 # with the same AddPod and RemovePod samples (a refactor's A/B):
 #   make bench BASELINE=/tmp/nftredird-old                             # the full run, with the A/B table
 #   make bench BASELINE=/tmp/nftredird-old BENCH_FLAGS='-only-baseline -reps 9'  # the A/B alone; prints, writes nothing
-# A difference counts as resolved when every repetition puts it on the same
-# side and equal builds would do that less than 5% of the time: 6
-# repetitions or more, so the full run's default 3 never resolves one.
+# The report calls a difference resolved only when equal builds would
+# rarely give it (report_baseline.go), which 3 repetitions never do.
 # The program finds bin/nftredird next to itself. Its pod start section
 # runs the project's single-node cluster (internal/kcluster, so the
 # Kubernetes binaries of deps-k8s), with stock ztunnel and istiod as the

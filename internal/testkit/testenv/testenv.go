@@ -11,14 +11,11 @@ import (
 	"testing"
 )
 
-// CI reports whether the tests run under CI, where every suite must run.
-func CI() bool { return os.Getenv("CI") == "true" }
-
 // Missing skips t with the message, or fails it under CI.
 func Missing(t testing.TB, format string, args ...any) {
 	t.Helper()
 	msg := fmt.Sprintf(format, args...)
-	if CI() {
+	if os.Getenv("CI") == "true" {
 		t.Fatal(msg)
 	}
 	t.Skip(msg)
