@@ -19,7 +19,7 @@ func TestBinariesStaticAndVersioned(t *testing.T) {
 		t.Skipf("not a git checkout: %v", err)
 	}
 	want := strings.TrimSpace(string(rev))
-	for _, path := range []string{bin.Daemon, bin.Ctl, bin.CNI} {
+	for _, path := range []string{bin.Daemon, bin.Ctl, bin.CNI, bin.CNIHelper} {
 		name := filepath.Base(path)
 		t.Run(name, func(t *testing.T) {
 			f, err := elf.Open(path)

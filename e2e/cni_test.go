@@ -816,8 +816,10 @@ func (w *cniWorld) testInstallStep(t *testing.T) {
 	if code, out := run("install", "--check"); code != 0 {
 		t.Errorf("install --check: exit %d\n%s", code, out)
 	}
-	if fi, err := os.Lstat(filepath.Join(binDir, "nftredir-cni")); err != nil || !fi.Mode().IsRegular() {
-		t.Fatalf("the plugin was not copied into the bin dir: %v", err)
+	for _, name := range []string{"nftredir-cni", "nftredir-cni-helper"} {
+		if fi, err := os.Lstat(filepath.Join(binDir, name)); err != nil || !fi.Mode().IsRegular() {
+			t.Fatalf("%s was not copied into the bin dir: %v", name, err)
+		}
 	}
 	var l struct {
 		CNIVersion string           `json:"cniVersion"`
@@ -837,8 +839,10 @@ func (w *cniWorld) testInstallStep(t *testing.T) {
 	if b, _ := os.ReadFile(conflist); strings.Contains(string(b), "nftredir-cni") {
 		t.Errorf("the plugin is still chained after uninstall:\n%s", b)
 	}
-	if _, err := os.Lstat(filepath.Join(binDir, "nftredir-cni")); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("the plugin binary is still there after uninstall: %v", err)
+	for _, name := range []string{"nftredir-cni", "nftredir-cni-helper"} {
+		if _, err := os.Lstat(filepath.Join(binDir, name)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s is still there after uninstall: %v", name, err)
+		}
 	}
 	p := w.newPod(t)
 	t.Cleanup(func() { w.runCnitool("del", network, p) })

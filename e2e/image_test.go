@@ -190,9 +190,10 @@ func checkPlatformImage(t *testing.T, img v1.Image, arch string, machine elf.Mac
 	}
 	defer rc.Close()
 	want := map[string]string{
-		"usr/local/bin/nftredird":    filepath.Join(binDir, "nftredird"),
-		"usr/local/bin/nftredirctl":  filepath.Join(binDir, "nftredirctl"),
-		"usr/local/bin/nftredir-cni": filepath.Join(binDir, "nftredir-cni"),
+		"usr/local/bin/nftredird":           filepath.Join(binDir, "nftredird"),
+		"usr/local/bin/nftredirctl":         filepath.Join(binDir, "nftredirctl"),
+		"usr/local/bin/nftredir-cni":        filepath.Join(binDir, "nftredir-cni"),
+		"usr/local/bin/nftredir-cni-helper": filepath.Join(binDir, "nftredir-cni-helper"),
 	}
 	seen := map[string]bool{}
 	tr := tar.NewReader(rc)

@@ -28,6 +28,7 @@ func startBlastCluster(t *testing.T) (*meshCluster, string) {
 	c := startCluster(t)
 	bin := binaries(t)
 	c.InstallCNIPlugin(t, "nftredir-cni", bin.CNI)
+	c.InstallCNIPlugin(t, "nftredir-cni-helper", bin.CNIHelper)
 	c.CreateNamespace(t, "nftredir-system", nil)
 	c.ApplyYAML(t, chartRBAC(t, c))
 	dir := t.TempDir()

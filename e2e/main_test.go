@@ -49,8 +49,10 @@ func TestMain(m *testing.M) {
 // working tree.
 type Binaries struct {
 	Daemon, Ctl string
-	// CNI is the nftredir-cni plugin.
-	CNI string
+	// CNI is the nftredir-cni plugin, CNIHelper the nftredir-cni-helper
+	// beside it (its installer, and its API lookup when the daemon
+	// cannot answer).
+	CNI, CNIHelper string
 	// Grpcurl is the pinned grpcurl that hack/deps.sh installs.
 	Grpcurl string
 	Repo    string
@@ -61,7 +63,7 @@ var (
 	buildErr  error
 )
 
-// binaries builds nftredird, nftredirctl and nftredir-cni on first use and
+// binaries builds nftredird, nftredirctl, nftredir-cni and its helper on first use and
 // returns their paths.
 func binaries(t testing.TB) Binaries {
 	t.Helper()
@@ -82,21 +84,22 @@ func binaries(t testing.TB) Binaries {
 			return
 		}
 		cmd := exec.Command(goBin, "build", "-buildvcs=auto", "-ldflags", strings.TrimSpace(string(ldflags)),
-			"-o", binDir+"/", "./cmd/nftredird", "./cmd/nftredirctl", "./cmd/nftredir-cni")
+			"-o", binDir+"/", "./cmd/nftredird", "./cmd/nftredirctl", "./cmd/nftredir-cni", "./cmd/nftredir-cni/nftredir-cni-helper")
 		cmd.Dir = repo
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/nftredird ./cmd/nftredirctl ./cmd/nftredir-cni: %v\n%s", err, out)
+			buildErr = fmt.Errorf("go build ./cmd/nftredird ./cmd/nftredirctl ./cmd/nftredir-cni ./cmd/nftredir-cni/nftredir-cni-helper: %v\n%s", err, out)
 		}
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
 	return Binaries{
-		Daemon:  filepath.Join(binDir, "nftredird"),
-		Ctl:     filepath.Join(binDir, "nftredirctl"),
-		CNI:     filepath.Join(binDir, "nftredir-cni"),
-		Grpcurl: filepath.Join(repo, "bin", "grpcurl"),
-		Repo:    repo,
+		Daemon:    filepath.Join(binDir, "nftredird"),
+		Ctl:       filepath.Join(binDir, "nftredirctl"),
+		CNI:       filepath.Join(binDir, "nftredir-cni"),
+		CNIHelper: filepath.Join(binDir, "nftredir-cni-helper"),
+		Grpcurl:   filepath.Join(repo, "bin", "grpcurl"),
+		Repo:      repo,
 	}
 }

@@ -25,7 +25,7 @@ for plat in ${IMAGE_PLATFORMS:-linux/amd64 linux/arm64}; do
 	dir=$root/linux-$arch
 	mkdir -p "$dir"
 	CGO_ENABLED=0 GOOS=linux GOARCH=$arch go build -buildvcs=auto -trimpath -ldflags "$ldflags" \
-		-o "$dir/" ./cmd/nftredird ./cmd/nftredirctl ./cmd/nftredir-cni
+		-o "$dir/" ./cmd/nftredird ./cmd/nftredirctl ./cmd/nftredir-cni ./cmd/nftredir-cni/nftredir-cni-helper
 	set -- "$@" -platform "$plat=$dir"
 done
 # /tmp: the only writable path a read-only root needs (nothing writes it
@@ -37,6 +37,7 @@ ${MKIMAGE:-go run ./tools/mkimage} -o "$out" -tag "$tag" \
 	"$@" \
 	"nftredird=/usr/local/bin/nftredird:0755" \
 	"nftredirctl=/usr/local/bin/nftredirctl:0755" \
-	"nftredir-cni=/usr/local/bin/nftredir-cni:0755"
+	"nftredir-cni=/usr/local/bin/nftredir-cni:0755" \
+	"nftredir-cni-helper=/usr/local/bin/nftredir-cni-helper:0755"
 size=$(wc -c <"$out")
 echo "image: $out ($tag; ${IMAGE_PLATFORMS:-linux/amd64 linux/arm64}), $((size / 1024)) KiB"

@@ -16,16 +16,16 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/nftredir/nftredir/cmd/nftredir-cni/internal/helper"
 	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/internal/enrolment"
 	"github.com/nftredir/nftredir/internal/podowner"
 )
 
-// The subcommands. CNI runtimes execute plugins with no arguments (the
-// command is in CNI_COMMAND), so these never reach a runtime's call.
+// The subcommands, nftredir-cni-helper's (internal/helper).
 const (
-	CmdInstall   = "install"
-	CmdUninstall = "uninstall"
+	CmdInstall   = helper.Install
+	CmdUninstall = helper.Uninstall
 )
 
 // envPrefix starts each flag's environment twin: --cni-bin-dir is
@@ -97,6 +97,7 @@ type options struct {
 	confDir       string
 	confName      string
 	pluginConfig  string
+	pluginBinary  string
 	socket        string
 	timeout       time.Duration
 	excludeNS     listValue
@@ -253,6 +254,7 @@ func parse(command string, args []string, lookupEnv func(string) (string, bool),
 	fs.Var(&o.binDirs, "cni-bin-dir", "CNI binary `dirs` to copy the plugin into, each that exists (comma list or repeated; the first use replaces the default)")
 	fs.StringVar(&o.confDir, "cni-conf-dir", "/etc/cni/net.d", "the runtime's CNI configuration `dir`")
 	fs.StringVar(&o.confName, "cni-conf-name", "", "network `file` in --cni-conf-dir to chain into; empty: the first .conf, .conflist or .json in lexical order, as the runtimes pick it")
+	fs.StringVar(&o.pluginBinary, "plugin-binary", "", "the nftredir-cni `file` to install; empty: the one beside this program")
 	fs.StringVar(&o.pluginConfig, "plugin-config", "", "JSON `file` holding the plugin's entry (see docs/cni.md); the flags below that are given override its keys")
 	fs.StringVar(&o.socket, "socket", defaults.Socket, "entry key socket: the daemon's socket `path`")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "entry key timeout: bound on each call to the daemon")
@@ -355,7 +357,7 @@ func parse(command string, args []string, lookupEnv func(string) (string, bool),
 	if err := errors.Join(errs...); err != nil {
 		return nil, Config{}, err
 	}
-	cfg := Config{BinDirs: o.binDirs.items, ConfDir: o.confDir, ConfName: o.confName, Entry: entry, ReadyFile: o.readyFile, BackupDir: o.backupDir, Kubeconfig: kube}
+	cfg := Config{BinDirs: o.binDirs.items, ConfDir: o.confDir, ConfName: o.confName, Entry: entry, Source: o.pluginBinary, ReadyFile: o.readyFile, BackupDir: o.backupDir, Kubeconfig: kube}
 	if err := cfg.check(); err != nil {
 		return nil, Config{}, err
 	}

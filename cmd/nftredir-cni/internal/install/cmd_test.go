@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nftredir/nftredir/cmd/nftredir-cni/internal/helper"
 	"github.com/nftredir/nftredir/internal/testkit/syncbuf"
 )
 
@@ -118,11 +119,12 @@ func TestParseErrors(t *testing.T) {
 }
 
 // TestMainInstallCheckUninstall drives the subcommands as a shell would,
-// copying the running binary as the real command does.
+// copying the plugin and the running binary (the helper's, in the image)
+// as the real command does.
 func TestMainInstallCheckUninstall(t *testing.T) {
 	n := newNode(t)
 	p := n.fixture(t, "1.0.0.conflist", "10-mynet.conflist")
-	args := []string{"--cni-bin-dir", n.bin1 + "," + n.bin2, "--cni-conf-dir", n.conf}
+	args := []string{"--cni-bin-dir", n.bin1 + "," + n.bin2, "--cni-conf-dir", n.conf, "--plugin-binary", n.src}
 	var log bytes.Buffer
 	if code := Main(CmdInstall, append(args, "--check"), noEnv, supported, &log); code != 1 {
 		t.Errorf("--check before install: exit %d", code)
@@ -131,8 +133,11 @@ func TestMainInstallCheckUninstall(t *testing.T) {
 		t.Fatalf("install --once: exit %d\n%s", code, log.String())
 	}
 	self, _ := os.ReadFile("/proc/self/exe")
-	if got, _ := os.ReadFile(filepath.Join(n.bin2, PluginType)); !bytes.Equal(got, self) {
-		t.Error("the installed binary is not the running one")
+	if got, _ := os.ReadFile(filepath.Join(n.bin2, helper.Name)); !bytes.Equal(got, self) {
+		t.Error("the installed helper is not the running binary")
+	}
+	if got, _ := os.ReadFile(filepath.Join(n.bin2, PluginType)); string(got) != "#!/bin/true\nplugin v1\n" {
+		t.Errorf("the installed plugin is %q, not --plugin-binary's", got)
 	}
 	if code := Main(CmdInstall, append(args, "--check"), noEnv, supported, &log); code != 0 {
 		t.Errorf("--check after install: exit %d\n%s", code, log.String())
@@ -158,7 +163,7 @@ func TestCleanupOnExit(t *testing.T) {
 	for _, cleanup := range []bool{false, true} {
 		n := newNode(t)
 		p := n.fixture(t, "1.0.0.conflist", "10-mynet.conflist")
-		args := []string{"--cni-bin-dir", n.bin1, "--cni-conf-dir", n.conf, "--ready-file", n.ready}
+		args := []string{"--cni-bin-dir", n.bin1, "--cni-conf-dir", n.conf, "--ready-file", n.ready, "--plugin-binary", n.src}
 		if cleanup {
 			args = append(args, "--cleanup-on-exit")
 		}

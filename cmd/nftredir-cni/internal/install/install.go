@@ -1,5 +1,5 @@
 // Package install puts nftredir-cni on a node: it copies the plugin binary
-// into the host's CNI binary directories and chains the plugin's entry into
+// and nftredir-cni-helper beside it into the host's CNI binary directories and chains the plugin's entry into
 // the network configuration the runtime uses, keeps both there while the
 // primary CNI rewrites its file, and takes both away on uninstall.
 //
@@ -25,6 +25,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/nftredir/nftredir/cmd/nftredir-cni/internal/helper"
 	"github.com/nftredir/nftredir/internal/durable"
 )
 
@@ -43,8 +44,13 @@ type Config struct {
 	// nftredir-cni and no "cniVersion" (a conflist's plugins take the
 	// list's version).
 	Entry json.RawMessage
-	// Source is the binary copied; empty is the running executable.
+	// Source is the plugin binary copied; empty is nftredir-cni beside
+	// the running executable (nftredir-cni-helper, in the image).
 	Source string
+	// HelperSource is the helper binary copied beside the plugin, which
+	// the plugin runs when the daemon cannot answer; empty is the running
+	// executable.
+	HelperSource string
 	// Supported are the CNI versions the plugin speaks. A network of
 	// another version is refused, since every ADD there would fail.
 	Supported []string
@@ -116,8 +122,15 @@ func New(cfg Config) (*Installer, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
+	if cfg.HelperSource == "" {
+		cfg.HelperSource = "/proc/self/exe"
+	}
 	if cfg.Source == "" {
-		cfg.Source = "/proc/self/exe"
+		self, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("find the plugin binary beside this one: %w", err)
+		}
+		cfg.Source = filepath.Join(filepath.Dir(self), PluginType)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
@@ -131,7 +144,7 @@ func New(cfg Config) (*Installer, error) {
 	return &Installer{cfg: cfg, log: cfg.Logger}, nil
 }
 
-// Ready reports whether the last sync found or left the binary in every
+// Ready reports whether the last sync found or left the binaries in every
 // existing bin dir and the entry in the primary network.
 func (in *Installer) Ready() bool { return in.ready.Load() }
 
@@ -197,31 +210,47 @@ func existingBinDirs(dirs []string) ([]string, error) {
 	return out, nil
 }
 
+// binary is a file copied into each bin dir.
+type binary struct{ name, source string }
+
+// binaries are the plugin and its helper.
+func (c *Config) binaries() []binary {
+	return []binary{{PluginType, c.Source}, {helper.Name, c.HelperSource}}
+}
+
+// binaryNames are the names of binaries in each bin dir.
+var binaryNames = []string{PluginType, helper.Name}
+
 func (in *Installer) syncBinaries() error {
 	dirs, err := existingBinDirs(in.cfg.BinDirs)
 	if err != nil {
 		return err
 	}
 	for _, d := range dirs {
-		dst := filepath.Join(d, PluginType)
-		same, err := sameFile(in.cfg.Source, dst)
-		if err != nil {
-			return err
+		for _, b := range in.cfg.binaries() {
+			if err := in.syncBinary(d, b.name, b.source); err != nil {
+				return err
+			}
 		}
-		if same {
-			continue
-		}
-		src, err := os.Open(in.cfg.Source)
-		if err != nil {
-			return fmt.Errorf("read the plugin binary: %w", err)
-		}
-		err = writeAtomic(dst, src, 0o755)
-		src.Close()
-		if err != nil {
-			return fmt.Errorf("install the plugin into %s: %w", d, err)
-		}
-		in.log.Info("plugin binary installed", "path", dst)
 	}
+	return nil
+}
+
+func (in *Installer) syncBinary(dir, name, source string) error {
+	dst := filepath.Join(dir, name)
+	same, err := sameFile(source, dst)
+	if err != nil || same {
+		return err
+	}
+	src, err := os.Open(source)
+	if err != nil {
+		return fmt.Errorf("read the %s binary: %w", name, err)
+	}
+	defer src.Close()
+	if err := writeAtomic(dst, src, 0o755); err != nil {
+		return fmt.Errorf("install %s into %s: %w", name, dir, err)
+	}
+	in.log.Info("binary installed", "path", dst)
 	return nil
 }
 
@@ -237,14 +266,14 @@ func sameFile(src, dst string) (bool, error) {
 	}
 	si, err := os.Stat(src)
 	if err != nil {
-		return false, fmt.Errorf("read the plugin binary: %w", err)
+		return false, fmt.Errorf("read the binary to install: %w", err)
 	}
 	if !di.Mode().IsRegular() || di.Mode().Perm() != 0o755 || di.Size() != si.Size() {
 		return false, nil
 	}
 	a, err := os.Open(src)
 	if err != nil {
-		return false, fmt.Errorf("read the plugin binary: %w", err)
+		return false, fmt.Errorf("read the binary to install: %w", err)
 	}
 	defer a.Close()
 	b, err := os.Open(dst)
@@ -379,7 +408,7 @@ func (in *Installer) unchainDelegated(primary string) error {
 }
 
 // Uninstall removes the plugin's entry from every network in the
-// configuration directory, then the binary from every bin dir: a network
+// configuration directory, then the binaries from every bin dir: a network
 // still naming a deleted binary would fail each ADD. Missing pieces are
 // fine, so it can be repeated.
 func (in *Installer) Uninstall() error {
@@ -420,7 +449,7 @@ func (in *Installer) Uninstall() error {
 			errs = append(errs, err)
 		}
 	}
-	// The binary goes only once no network names it.
+	// The binaries go only once no network names the plugin.
 	if len(errs) == 0 {
 		if k := in.cfg.Kubeconfig; k != nil {
 			if err := durable.Remove(k.Path); err != nil {
@@ -428,15 +457,17 @@ func (in *Installer) Uninstall() error {
 			}
 		}
 		for _, d := range in.cfg.BinDirs {
-			p := filepath.Join(d, PluginType)
-			if _, err := os.Lstat(p); errors.Is(err, fs.ErrNotExist) {
-				continue
+			for _, name := range binaryNames {
+				p := filepath.Join(d, name)
+				if _, err := os.Lstat(p); errors.Is(err, fs.ErrNotExist) {
+					continue
+				}
+				if err := durable.Remove(p); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				in.log.Info("binary removed", "path", p)
 			}
-			if err := durable.Remove(p); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			in.log.Info("plugin binary removed", "path", p)
 		}
 	}
 	return errors.Join(errs...)
@@ -470,7 +501,7 @@ func (in *Installer) original(path string) []byte {
 }
 
 // Check reports, changing nothing, whether the plugin is installed as cfg
-// says: the binary in every existing bin dir and the entry in the primary
+// says: the binaries in every existing bin dir and the entry in the primary
 // network (any nftredir-cni entry when cfg.Entry is empty). It is for a
 // process other than the installer, such as a readiness probe.
 func Check(cfg Config) error {
@@ -479,12 +510,15 @@ func Check(cfg Config) error {
 		return err
 	}
 	for _, d := range dirs {
-		fi, err := os.Stat(filepath.Join(d, PluginType))
-		if err != nil {
-			return fmt.Errorf("plugin binary: %w", err)
-		}
-		if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
-			return fmt.Errorf("plugin binary %s is not an executable file", filepath.Join(d, PluginType))
+		for _, name := range binaryNames {
+			p := filepath.Join(d, name)
+			fi, err := os.Stat(p)
+			if err != nil {
+				return fmt.Errorf("%s binary: %w", name, err)
+			}
+			if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+				return fmt.Errorf("%s binary %s is not an executable file", name, p)
+			}
 		}
 	}
 	if k := cfg.Kubeconfig; k != nil {

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/nftredir/nftredir/cmd/nftredir-cni/internal/helper"
 )
 
 var supported = []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
@@ -21,14 +23,14 @@ const testEntry = `{"type":"nftredir-cni","socket":"/run/nftredir/nftredir.sock"
 
 // node is a scratch CNI layout: a conf dir, two bin dirs, a binary.
 type node struct {
-	conf, bin1, bin2, src, ready string
+	conf, bin1, bin2, src, helperSrc, ready string
 }
 
 func newNode(t *testing.T) *node {
 	t.Helper()
 	d := t.TempDir()
 	n := &node{conf: filepath.Join(d, "net.d"), bin1: filepath.Join(d, "opt-cni-bin"), bin2: filepath.Join(d, "usr-lib-cni"),
-		src: filepath.Join(d, "src-binary"), ready: filepath.Join(d, "ready")}
+		src: filepath.Join(d, "src-binary"), helperSrc: filepath.Join(d, "src-helper"), ready: filepath.Join(d, "ready")}
 	for _, dir := range []string{n.conf, n.bin1, n.bin2} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
@@ -37,12 +39,15 @@ func newNode(t *testing.T) *node {
 	if err := os.WriteFile(n.src, []byte("#!/bin/true\nplugin v1\n"), 0o700); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(n.helperSrc, []byte("#!/bin/true\nhelper v1\n"), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	return n
 }
 
 func (n *node) config() Config {
 	return Config{BinDirs: []string{n.bin1, n.bin2}, ConfDir: n.conf, Entry: json.RawMessage(testEntry),
-		Source: n.src, Supported: supported, ReadyFile: n.ready, Logger: hclog.NewNullLogger()}
+		Source: n.src, HelperSource: n.helperSrc, Supported: supported, ReadyFile: n.ready, Logger: hclog.NewNullLogger()}
 }
 
 func (n *node) installer(t *testing.T) *Installer {
@@ -141,12 +146,14 @@ func TestInsertMatchesVersion(t *testing.T) {
 				t.Errorf("mode %#o, want the file's 0644", fi.Mode().Perm())
 			}
 			for _, d := range []string{n.bin1, n.bin2} {
-				b, err := os.ReadFile(filepath.Join(d, PluginType))
-				if err != nil || string(b) != "#!/bin/true\nplugin v1\n" {
-					t.Errorf("%s: binary %q, %v", d, b, err)
-				}
-				if fi, _ := os.Stat(filepath.Join(d, PluginType)); fi.Mode().Perm() != 0o755 {
-					t.Errorf("binary mode %#o", fi.Mode().Perm())
+				for name, want := range map[string]string{PluginType: "plugin v1", helper.Name: "helper v1"} {
+					b, err := os.ReadFile(filepath.Join(d, name))
+					if err != nil || string(b) != "#!/bin/true\n"+want+"\n" {
+						t.Errorf("%s: %s %q, %v", d, name, b, err)
+					}
+					if fi, _ := os.Stat(filepath.Join(d, name)); fi.Mode().Perm() != 0o755 {
+						t.Errorf("%s mode %#o", name, fi.Mode().Perm())
+					}
 				}
 			}
 			if !in.Ready() {
@@ -435,8 +442,10 @@ func TestUninstall(t *testing.T) {
 			t.Errorf("mode of the other network %#o", fi.Mode().Perm())
 		}
 		for _, d := range []string{n.bin1, n.bin2} {
-			if _, err := os.Stat(filepath.Join(d, PluginType)); !errors.Is(err, os.ErrNotExist) {
-				t.Errorf("binary left in %s", d)
+			for _, name := range []string{PluginType, helper.Name} {
+				if _, err := os.Stat(filepath.Join(d, name)); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("%s left in %s", name, d)
+				}
 			}
 		}
 		if in.Ready() {

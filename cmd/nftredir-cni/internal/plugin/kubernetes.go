@@ -11,9 +11,9 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/nftredir/nftredir/cmd/nftredir-cni/internal/helper"
 	"github.com/nftredir/nftredir/cmd/nftredir-cni/internal/rpc"
 	"github.com/nftredir/nftredir/internal/enrolment"
-	"github.com/nftredir/nftredir/internal/kubelookup"
 )
 
 // DefaultLookupTimeout bounds the plugin's own reading of the Kubernetes
@@ -105,14 +105,12 @@ func (p *Plugin) withoutDaemon(r *run, id Identity, prev types.Result, daemonErr
 		fail.Msg += "; the runtime gave no Kubernetes pod (K8S_POD_NAMESPACE, K8S_POD_NAME), so the plugin cannot decide without the daemon"
 		return fail
 	}
-	uid := ""
+	req := helper.Request{Kubeconfig: k.Kubeconfig, Selector: k.Selector, Namespace: id.Namespace, Name: id.Name, Timeout: k.LookupTimeout}
 	if id.Source == KeyPodUID {
-		uid = id.Key
+		req.UID = id.Key
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), k.LookupTimeout)
-	defer cancel()
 	begin := time.Now()
-	d, err := decide(ctx, k, id.Namespace, id.Name, uid)
+	d, err := p.lookup(req)
 	log = log.With("lookup", time.Since(begin).Round(time.Millisecond).String())
 	switch {
 	case err != nil:
@@ -127,11 +125,15 @@ func (p *Plugin) withoutDaemon(r *run, id Identity, prev types.Result, daemonErr
 	return p.print(prev, r.conf.CNIVersion)
 }
 
-func decide(ctx context.Context, k *KubeConf, ns, name, uid string) (kubelookup.Decision, error) {
-	c, err := kubelookup.Load(k.Kubeconfig)
-	if err != nil {
-		return kubelookup.Decision{}, err
+// lookup asks nftredir-cni-helper (p.Helper, else the one beside the
+// plugin), which reads the pod and its namespace from the API.
+func (p *Plugin) lookup(req helper.Request) (helper.Decision, error) {
+	path := p.Helper
+	if path == "" {
+		var err error
+		if path, err = helper.Beside(); err != nil {
+			return helper.Decision{}, err
+		}
 	}
-	defer c.Close()
-	return c.Decide(ctx, k.Selector, ns, name, uid)
+	return helper.Ask(context.Background(), path, req)
 }

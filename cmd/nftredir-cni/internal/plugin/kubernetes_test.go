@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -28,6 +29,7 @@ type kubeEnv struct {
 func newKubeEnv(t *testing.T, nsLabels, podLabels map[string]string) *kubeEnv {
 	t.Helper()
 	e := &kubeEnv{env: newEnv(t), api: kubelookuptest.Start(t)}
+	e.p.Helper = helperBinary(t)
 	e.api.AddNamespace(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: nsLabels}})
 	e.api.AddPod(&corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "cart-0", UID: types.UID("uid-1"), Labels: podLabels},
@@ -100,6 +102,16 @@ func TestCNIAddWithoutDaemonOrAPIHoldsEveryPod(t *testing.T) {
 		ce := asCNI(t, e.p.Add(args(e.addArgs(t), "ctr1", "/run/netns/pod1", k8sArgs1)))
 		if ce.Code != 11 || !strings.Contains(ce.Msg, "/nonexistent/kubeconfig") {
 			t.Errorf("got %d %q", ce.Code, ce.Msg)
+		}
+		e.assertNothingDone(t)
+	})
+	t.Run("helper missing", func(t *testing.T) {
+		e := newKubeEnv(t, nil, nil)
+		e.stop(t)
+		e.p.Helper = filepath.Join(t.TempDir(), "nftredir-cni-helper")
+		ce := asCNI(t, e.p.Add(args(e.addArgs(t), "ctr1", "/run/netns/pod1", k8sArgs1)))
+		if ce.Code != 11 || !strings.Contains(ce.Msg, "nftredir-cni-helper") || !strings.Contains(ce.Msg, "no such file") || e.api.Calls() != 0 {
+			t.Errorf("got %d %q after %d API calls; want code 11 naming the missing helper", ce.Code, ce.Msg, e.api.Calls())
 		}
 		e.assertNothingDone(t)
 	})

@@ -8,9 +8,9 @@
 //
 // One decision is the plugin's own, and only when the daemon cannot
 // answer: in Kubernetes mode (the entry's "kubernetes" key) it reads the
-// pod and its namespace from the API and lets a pod the enrolment policy
-// would not capture start without the daemon (kubernetes.go,
-// docs/blast-radius.md).
+// pod and its namespace from the API, through nftredir-cni-helper, and
+// lets a pod the enrolment policy would not capture start without the
+// daemon (kubernetes.go, docs/blast-radius.md).
 package plugin
 
 import (
@@ -49,6 +49,9 @@ type Plugin struct {
 	Stdout io.Writer
 	// Stderr receives the log unless the config names a logFile.
 	Stderr io.Writer
+	// Helper is nftredir-cni-helper, which reads the API when the daemon
+	// cannot answer; empty is the one beside the running executable.
+	Helper string
 	// SweepInterval is how often ADD looks for attachment records of
 	// sandboxes that are gone (see attachments.go). Zero means
 	// DefaultSweepInterval; a negative value sweeps on every ADD.

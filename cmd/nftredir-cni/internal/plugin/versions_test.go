@@ -145,7 +145,9 @@ func TestMain(m *testing.M) {
 		skel.PluginMainFuncs(New().Funcs(), Versions, "nftredir-cni under test")
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	removeHelperBinary()
+	os.Exit(code)
 }
 
 // execPlugin runs the plugin as a runtime does: CNI_COMMAND and the config
