@@ -14,6 +14,9 @@
 #   make bench BASELINE=/tmp/nftredird-old BENCH_FLAGS='-only-baseline -reps 9'  # the A/B alone; prints, writes nothing
 # The report calls a difference resolved only when equal builds would
 # rarely give it (report_baseline.go), which 3 repetitions never do.
+# BASELINE_CNI names an earlier nftredir-cni binary, whose bare exec the
+# pod start section times turn about with this build's:
+#   make bench BASELINE_CNI=/tmp/nftredir-cni-old BENCH_FLAGS=-only-podstart
 # The program finds bin/nftredird next to itself. Its pod start section
 # runs the project's single-node cluster (internal/kcluster, so the
 # Kubernetes binaries of deps-k8s), with stock ztunnel and istiod as the
@@ -22,6 +25,7 @@
 #   flock /tmp/nftredir-heavy.lock make bench
 BENCH_FLAGS ?=
 BASELINE ?=
+BASELINE_CNI ?=
 
 bench: $(if $(ZTUNNEL_BIN),deps-istio,deps-k8s) build
-	$(BIN)/nftredir-bench $(if $(BASELINE),-baseline-daemon $(BASELINE)) $(BENCH_FLAGS)
+	$(BIN)/nftredir-bench $(if $(BASELINE),-baseline-daemon $(BASELINE)) $(if $(BASELINE_CNI),-baseline-cni $(BASELINE_CNI)) $(BENCH_FLAGS)

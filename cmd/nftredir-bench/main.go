@@ -61,7 +61,10 @@ type config struct {
 	// baselineDaemon is an earlier nftredird build measured beside this
 	// one in the apply section; onlyBaseline runs that comparison alone.
 	baselineDaemon string
-	onlyBaseline   bool
+	// baselineCNI is an earlier nftredir-cni build whose bare exec the pod
+	// start section times turn about with this build's.
+	baselineCNI  string
+	onlyBaseline bool
 	// args is the command line, for the report's "how to reproduce".
 	args []string
 }
@@ -114,6 +117,7 @@ func parseFlags(args []string, out io.Writer) (*config, error) {
 	fs.BoolVar(&cfg.onlyPodStart, "only-podstart", false, "run only the pod start section (a real cluster; ZTUNNEL_BIN for stock ztunnel); prints, writes nothing")
 	fs.BoolVar(&cfg.noPodStart, "no-podstart", false, "skip the pod start section (it needs make deps-k8s); the report then has no such section")
 	fs.StringVar(&cfg.baselineDaemon, "baseline-daemon", "", "an earlier nftredird binary, measured with AddPod and RemovePod beside this build's in the apply section, interleaved")
+	fs.StringVar(&cfg.baselineCNI, "baseline-cni", "", "an earlier nftredir-cni binary, its bare exec timed turn about with this build's in the pod start section")
 	fs.BoolVar(&cfg.onlyBaseline, "only-baseline", false, "run only the AddPod/RemovePod comparison of this build with -baseline-daemon; prints, writes nothing")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -182,6 +186,8 @@ func parseFlags(args []string, out io.Writer) (*config, error) {
 		return nil, errors.New("-only-baseline writes no report: BENCHMARKS.md comes from a full run")
 	case cfg.onlyBaseline && (cfg.onlyCNI || cfg.onlyPodStart):
 		return nil, errors.New("-only-baseline goes with neither -only-cni nor -only-podstart")
+	case cfg.baselineCNI != "" && (cfg.noPodStart || cfg.onlyCNI || cfg.onlyBaseline):
+		return nil, errors.New("-baseline-cni is timed in the pod start section, which this run leaves out")
 	case cfg.psRounds < 1 || cfg.psPods < 1:
 		return nil, errors.New("-podstart-rounds and -podstart-pods must be positive")
 	case cfg.dpConns < 1 || cfg.dpConns+dpWarmup > clientPorts[1]-clientPorts[0]:
@@ -290,15 +296,21 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) (err error)
 	if b.cfg.daemon, err = findDaemon(cfg.daemon); err != nil {
 		return err
 	}
-	if cfg.baselineDaemon != "" {
-		// Checked before anything is created: a typo should cost nothing.
-		if b.cfg.baselineDaemon, err = filepath.Abs(cfg.baselineDaemon); err != nil {
+	// Checked before anything is created: a typo should cost nothing.
+	for _, f := range []struct {
+		flag string
+		path *string
+	}{{"-baseline-daemon", &b.cfg.baselineDaemon}, {"-baseline-cni", &b.cfg.baselineCNI}} {
+		if *f.path == "" {
+			continue
+		}
+		if *f.path, err = filepath.Abs(*f.path); err != nil {
 			return err
 		}
-		if fi, err := os.Stat(b.cfg.baselineDaemon); err != nil {
-			return fmt.Errorf("-baseline-daemon: %w", err)
+		if fi, err := os.Stat(*f.path); err != nil {
+			return fmt.Errorf("%s: %w", f.flag, err)
 		} else if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
-			return fmt.Errorf("-baseline-daemon: %s is not an executable file", b.cfg.baselineDaemon)
+			return fmt.Errorf("%s: %s is not an executable file", f.flag, *f.path)
 		}
 	}
 	if n, err := sweep(); err != nil {

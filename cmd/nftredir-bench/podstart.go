@@ -120,8 +120,12 @@ type podStartResult struct {
 	// there is no such program.
 	versionExec []time.Duration
 	goExec      []time.Duration
-	clusterUp   time.Duration
-	load        []float64
+	// baselineExec is the same of -baseline-cni's plugin, timed turn
+	// about with both; empty without it.
+	baselineExec []time.Duration
+	baselineCNI  string
+	clusterUp    time.Duration
+	load         []float64
 }
 
 // sandboxes returns a variant's RunPodSandbox times (all rounds, or one).
@@ -372,9 +376,13 @@ func (b *bench) podStart(t *progTB, alone, same *daemon, binDir string, r *podSt
 	cpu.stop()
 	plugin := execTiming{bin: filepath.Join(binDir, "nftredir-cni"), env: []string{"CNI_COMMAND=VERSION"}, stdin: `{"cniVersion":"1.0.0"}`}
 	floor := execTiming{bin: minimalGoProgram(), args: []string{"-v"}}
-	if r.versionExec, r.goExec, err = timeExecs(plugin, floor, 40); err != nil {
+	baseline := plugin
+	baseline.bin = b.cfg.baselineCNI
+	times, err := timeExecs(execSamples, plugin, floor, baseline)
+	if err != nil {
 		t.Fatal(err)
 	}
+	r.versionExec, r.goExec, r.baselineExec, r.baselineCNI = times[0], times[1], times[2], b.cfg.baselineCNI
 
 	// containerd's own measure of each sandbox.
 	sb, err := sandboxTimes(c.ComponentLog("containerd"))
@@ -714,25 +722,27 @@ func (e execTiming) run() (time.Duration, error) {
 	return time.Since(t0), nil
 }
 
-// timeExecs runs a and b n times each, turn about, so that the machine's
-// drift weighs on both alike.
-func timeExecs(a, b execTiming, n int) (as, bs []time.Duration, err error) {
+// execSamples is how often the pod start section times each bare exec:
+// the differences it reports are a fraction of a millisecond.
+const execSamples = 100
+
+// timeExecs runs each timing n times, turn about, so that the machine's
+// drift weighs on all alike; a timing without a binary gets no samples.
+func timeExecs(n int, timings ...execTiming) ([][]time.Duration, error) {
+	out := make([][]time.Duration, len(timings))
 	for range n {
-		for _, e := range []struct {
-			timing execTiming
-			out    *[]time.Duration
-		}{{a, &as}, {b, &bs}} {
-			if e.timing.bin == "" {
+		for i, e := range timings {
+			if e.bin == "" {
 				continue
 			}
-			d, err := e.timing.run()
+			d, err := e.run()
 			if err != nil {
-				return nil, nil, err
+				return nil, err
 			}
-			*e.out = append(*e.out, d)
+			out[i] = append(out[i], d)
 		}
 	}
-	return as, bs, nil
+	return out, nil
 }
 
 // minimalGoProgram is the pause program make build puts next to this

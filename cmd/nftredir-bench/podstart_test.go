@@ -134,6 +134,23 @@ func TestPodStartTargetsAndNotes(t *testing.T) {
 			t.Errorf("report lacks %q", want)
 		}
 	}
+	if strings.Contains(md, "baseline nftredir-cni") || strings.Contains(notes, "baseline build") {
+		t.Error("the report speaks of a baseline plugin the run did not time")
+	}
+
+	// With -baseline-cni, its exec is a row and the floor note compares.
+	ps.baselineExec, ps.baselineCNI = []time.Duration{2600 * time.Microsecond}, "/tmp/old/nftredir-cni"
+	notes, md = r.podStartNotes(), r.markdown("BENCHMARKS.md", "")
+	if want := "the baseline build's, -baseline-cni /tmp/old/nftredir-cni, 2.60 ms, +1.10 ms more than the smallest Go program, so this build's start-up is 0.60 ms shorter"; !strings.Contains(notes, want) {
+		t.Errorf("notes lack %q:\n%s", want, notes)
+	}
+	if !strings.Contains(md, "| baseline nftredir-cni's bare exec | -baseline-cni, turn about with the rows above |  |  | 2.600 | 2.600 |") {
+		t.Errorf("report lacks the baseline plugin's row:\n%s", md)
+	}
+	ps.baselineExec = []time.Duration{1800 * time.Microsecond}
+	if want := "so this build's start-up is 0.20 ms longer"; !strings.Contains(r.podStartNotes(), want) {
+		t.Errorf("notes lack %q", want)
+	}
 }
 
 // TestKubeAddJudgedAgainstTheSameRuleset: the Kubernetes-mode AddPod is

@@ -142,6 +142,8 @@ func TestParseBaselineFlags(t *testing.T) {
 		{"-only-baseline"},
 		{"-only-baseline", "-baseline-daemon", "x", "-out", "B.md"},
 		{"-only-baseline", "-baseline-daemon", "x", "-only-cni"},
+		{"-baseline-cni", "x", "-no-podstart"},
+		{"-baseline-cni", "x", "-only-cni"},
 	} {
 		if _, err := parseFlags(args, &strings.Builder{}); err == nil {
 			t.Errorf("parseFlags(%q) accepted", args)

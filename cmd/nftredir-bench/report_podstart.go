@@ -92,6 +92,9 @@ func (r *report) kubeAddTable() table {
 	if len(ps.goExec) > 0 {
 		t.rows = append(t.rows, []string{"a minimal Go program's exec", "pause -v, exec to exit, turn about with the row above", "", "", msCell(p50ms(ps.goExec), 3), msCell(p50ms(ps.goExec), 3)})
 	}
+	if len(ps.baselineExec) > 0 {
+		t.rows = append(t.rows, []string{"baseline nftredir-cni's bare exec", "-baseline-cni, turn about with the rows above", "", "", msCell(p50ms(ps.baselineExec), 3), msCell(p50ms(ps.baselineExec), 3)})
+	}
 	t.notes = []string{fmt.Sprintf("Calls: %d and %d standalone (sequential, through this program's client, %d per daemon and round while the cluster ran, each after a %s pause so that it finds the daemon idle as a pod start's call does), %d not captured and %d captured in Kubernetes mode (through nftredir-cni, as the kubelet started the pods). "+
 		"What each column programs: *standalone, default spec* is the benchmark's main daemon (its defaults with --probe-snat=true): %d rules, no DNS capture, and each pod's address added to the node probe set; "+
 		"*standalone, Kubernetes mode's spec* is a second standalone daemon started with `%s`: %d rules with DNS capture (Kubernetes mode's default, as Istio's), no node probe set, as the Kubernetes-mode daemon here (no --probe-snat, no --kubelet-uid) programs a pod without annotations; "+
@@ -312,9 +315,18 @@ func floorNote(ps *podStartResult) string {
 		}
 		return fmt.Sprintf("%.1f ms under the target of +%.0f ms", target-floor, target)
 	}
-	return fmt.Sprintf("- *The floor*: the smallest Go program, started and exited, takes %.2f ms here (nftredir-cni's own bare exec %.2f ms, %+.2f ms more, timed turn about). "+
+	baseline := ""
+	if len(ps.baselineExec) > 0 {
+		b := p50ms(ps.baselineExec)
+		than := "shorter"
+		if plugin > b {
+			than = "longer"
+		}
+		baseline = fmt.Sprintf("; the baseline build's, -baseline-cni %s, %.2f ms, %+.2f ms more than the smallest Go program, so this build's start-up is %.2f ms %s", ps.baselineCNI, b, b-goExec, math.Abs(b-plugin), than)
+	}
+	return fmt.Sprintf("- *The floor*: the smallest Go program, started and exited, takes %.2f ms here (nftredir-cni's own bare exec %.2f ms, %+.2f ms more%s; all timed turn about, %d times each). "+
 		"A pod not captured cannot start with a Go plugin in the chain in less than the bare chain's time + %.2f ms, %s. "+
 		"A captured one also waits for the kernel phase (%.2f ms p50 in Kubernetes mode), done before the answer so that the pod never runs uncaptured: "+
 		"+%.2f ms, %s.",
-		goExec, plugin, plugin-goExec, goExec, judge(maxOutExtraMS, goExec), kernel, goExec+kernel, judge(maxCapturedExtraMS, goExec+kernel))
+		goExec, plugin, plugin-goExec, baseline, len(ps.goExec), goExec, judge(maxOutExtraMS, goExec), kernel, goExec+kernel, judge(maxCapturedExtraMS, goExec+kernel))
 }
