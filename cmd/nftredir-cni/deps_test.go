@@ -10,7 +10,7 @@ import (
 // initialisation stay out of it. Its API client is internal/rpc, not
 // grpc-go; its Kubernetes lookup and its installer run in
 // nftredir-cni-helper, so neither an HTTPS client nor a file watcher is
-// linked in (about a millisecond of every pod's start, BENCHMARKS.md).
+// linked in (about 0.6 ms of every pod's start, BENCHMARKS.md).
 func TestPluginStaysLight(t *testing.T) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
