@@ -1,10 +1,10 @@
 package plugin
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"testing"
 
@@ -24,7 +24,8 @@ func helperBinary(t *testing.T) string {
 	helperOnce.Do(func() {
 		goBin, err := exec.LookPath("go")
 		if err != nil {
-			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+			helperErr = fmt.Errorf("no go command on PATH: %w", err)
+			return
 		}
 		if helperDir, helperErr = os.MkdirTemp("", "nftredir-cni-helper-"); helperErr != nil {
 			return
