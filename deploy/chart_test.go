@@ -847,6 +847,9 @@ func TestInstallContainerEnvironment(t *testing.T) {
 	if got, err := os.ReadFile(filepath.Join(libCNI, "nftredir-cni")); err != nil || !bytes.Equal(got, self) {
 		t.Errorf("plugin binary in /usr/lib/cni: %v", err)
 	}
+	if _, err := os.Stat(filepath.Join(libCNI, "nftredir-cni-helper")); err != nil {
+		t.Errorf("helper binary in /usr/lib/cni: %v", err)
+	}
 	if _, err := os.Stat(filepath.Join(root, "host/opt/cni/bin")); !errors.Is(err, os.ErrNotExist) {
 		t.Error("a bin dir the node lacks was created")
 	}

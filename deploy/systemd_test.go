@@ -39,20 +39,21 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// build builds the command cmd/<name> once per test run.
-func build(t *testing.T, name string) string {
+// build builds the command cmd/<pkg> once per test run, named after its
+// last element.
+func build(t *testing.T, pkg string) string {
 	t.Helper()
 	buildMu.Lock()
 	defer buildMu.Unlock()
-	bin := filepath.Join(buildDir, name)
-	err, done := buildErrs[name]
+	bin := filepath.Join(buildDir, filepath.Base(pkg))
+	err, done := buildErrs[pkg]
 	if !done {
 		var out []byte
-		out, err = exec.Command("go", "build", "-o", bin, "github.com/nftredir/nftredir/cmd/"+name).CombinedOutput()
+		out, err = exec.Command("go", "build", "-o", bin, "github.com/nftredir/nftredir/cmd/"+pkg).CombinedOutput()
 		if err != nil {
-			err = fmt.Errorf("go build %s: %v\n%s", name, err, out)
+			err = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
 		}
-		buildErrs[name] = err
+		buildErrs[pkg] = err
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -62,7 +63,12 @@ func build(t *testing.T, name string) string {
 
 func buildDaemon(t *testing.T) string { return build(t, "nftredird") }
 
-func buildCNI(t *testing.T) string { return build(t, "nftredir-cni") }
+// buildCNI builds nftredir-cni and, beside it, the helper its install
+// and uninstall hand over to.
+func buildCNI(t *testing.T) string {
+	build(t, "nftredir-cni/nftredir-cni-helper")
+	return build(t, "nftredir-cni")
+}
 
 // unitValues returns every value of key in the unit's [Service] section.
 func unitValues(t *testing.T, key string) []string {
