@@ -213,9 +213,10 @@ func existingBinDirs(dirs []string) ([]string, error) {
 // binary is a file copied into each bin dir.
 type binary struct{ name, source string }
 
-// binaries are the plugin and its helper.
+// binaries are the helper and the plugin, in the order they are
+// copied: a plugin the runtime can run finds its helper beside it.
 func (c *Config) binaries() []binary {
-	return []binary{{PluginType, c.Source}, {helper.Name, c.HelperSource}}
+	return []binary{{helper.Name, c.HelperSource}, {PluginType, c.Source}}
 }
 
 // binaryNames are the names of binaries in each bin dir.

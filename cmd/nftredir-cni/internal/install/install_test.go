@@ -417,6 +417,25 @@ func TestBinDirs(t *testing.T) {
 	}
 }
 
+// The helper goes in before the plugin: a plugin the runtime can run
+// always finds the helper it runs when the daemon cannot answer.
+func TestHelperBeforePlugin(t *testing.T) {
+	n := newNode(t)
+	n.fixture(t, "1.0.0.conflist", "10-mynet.conflist")
+	cfg := n.config()
+	cfg.Source = filepath.Join(t.TempDir(), "unreadable")
+	in, _ := New(cfg)
+	if err := in.Sync(); err == nil {
+		t.Fatal("Sync with no plugin to copy succeeded")
+	}
+	if _, err := os.Stat(filepath.Join(n.bin1, helper.Name)); err != nil {
+		t.Errorf("helper not installed before the plugin: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(n.bin1, PluginType)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("plugin installed from nowhere: %v", err)
+	}
+}
+
 func TestUninstall(t *testing.T) {
 	n := newNode(t)
 	p := n.fixture(t, "1.0.0.conflist", "10-mynet.conflist")
