@@ -219,9 +219,6 @@ func (c *Config) binaries() []binary {
 	return []binary{{helper.Name, c.HelperSource}, {PluginType, c.Source}}
 }
 
-// binaryNames are the names of binaries in each bin dir.
-var binaryNames = []string{PluginType, helper.Name}
-
 func (in *Installer) syncBinaries() error {
 	dirs, err := existingBinDirs(in.cfg.BinDirs)
 	if err != nil {
@@ -458,8 +455,8 @@ func (in *Installer) Uninstall() error {
 			}
 		}
 		for _, d := range in.cfg.BinDirs {
-			for _, name := range binaryNames {
-				p := filepath.Join(d, name)
+			for _, b := range in.cfg.binaries() {
+				p := filepath.Join(d, b.name)
 				if _, err := os.Lstat(p); errors.Is(err, fs.ErrNotExist) {
 					continue
 				}
@@ -511,14 +508,14 @@ func Check(cfg Config) error {
 		return err
 	}
 	for _, d := range dirs {
-		for _, name := range binaryNames {
-			p := filepath.Join(d, name)
+		for _, b := range cfg.binaries() {
+			p := filepath.Join(d, b.name)
 			fi, err := os.Stat(p)
 			if err != nil {
-				return fmt.Errorf("%s binary: %w", name, err)
+				return fmt.Errorf("%s binary: %w", b.name, err)
 			}
 			if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
-				return fmt.Errorf("%s binary %s is not an executable file", name, p)
+				return fmt.Errorf("%s binary %s is not an executable file", b.name, p)
 			}
 		}
 	}
