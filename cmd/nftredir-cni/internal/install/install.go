@@ -1,7 +1,8 @@
 // Package install puts nftredir-cni on a node: it copies the plugin binary
-// and nftredir-cni-helper beside it into the host's CNI binary directories and chains the plugin's entry into
-// the network configuration the runtime uses, keeps both there while the
-// primary CNI rewrites its file, and takes both away on uninstall.
+// and nftredir-cni-helper beside it into the host's CNI binary
+// directories and chains the plugin's entry into the network
+// configuration the runtime uses, keeps them there while the primary CNI
+// rewrites its file, and takes them away on uninstall.
 //
 // The entry is inserted into the primary conflist itself rather than left
 // as a drop-in (/etc/cni/net.d/<network>/*.conf), because runtimes built on
