@@ -203,3 +203,23 @@ func TestSameIntentIgnoresTimestamps(t *testing.T) {
 	}
 
 }
+
+// BenchmarkStoreGet is one read of a pod's record, as the Kubernetes
+// agent makes on every event of a captured pod (lifecycle.Enrolled).
+func BenchmarkStoreGet(b *testing.B) {
+	st, err := Open(b.TempDir(), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	r := testRecord("bench-pod")
+	r.Spec = SpecOf(benchSpec())
+	if err := st.Put(r); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if got, err := st.Get("bench-pod"); err != nil || got == nil {
+			b.Fatal(got, err)
+		}
+	}
+}
