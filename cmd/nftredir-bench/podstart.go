@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/nftredir/nftredir/internal/calltrace"
@@ -34,12 +35,12 @@ import (
 
 // Pod start as the kubelet sees it: the project's real single-node
 // cluster (internal/kcluster: kubelet, containerd, bridge + host-local),
-// pods created one after another on the bare chain, and on the chain with
-// nftredir-cni appended in a namespace outside the mesh and in one inside
-// it, with nftredird in Kubernetes mode and a node proxy connected over
-// ZDS. The three run in interleaved rounds in one cluster, so the
-// machine's drift weighs on all of them, and are reported as differences
-// and ratios to the bare chain of the same run.
+// pods on the bare chain, and on the chain with nftredir-cni appended in
+// a namespace outside the mesh and in one inside it, with nftredird in
+// Kubernetes mode and a node proxy connected over ZDS. Each pod starts
+// alone on the node, the three variants taking turns, in one cluster, so
+// that the machine's drift weighs on all of them; they are reported as
+// differences and ratios to the bare chain of the same run.
 
 // The pod start section's variants.
 const (
@@ -70,9 +71,10 @@ type podStart struct {
 	round   int
 	name    string
 	uid     string
-	// sandbox is containerd's RunPodSandbox, from its log; ready is from
-	// the Create call until a watch saw the pod Ready.
-	sandbox, ready time.Duration
+	// sandbox is containerd's RunPodSandbox and cni the CNI chain's ADD
+	// within it, both from its log; ready is from the Create call until a
+	// watch saw the pod Ready.
+	sandbox, cni, ready time.Duration
 	// proxyCPU and daemonCPU are the CPU time the node proxy (stock
 	// ztunnel only) and the Kubernetes-mode daemon used from the pod's
 	// Create call until it was Ready.
@@ -128,18 +130,42 @@ type podStartResult struct {
 	load         []float64
 }
 
-// sandboxes returns a variant's RunPodSandbox times (all rounds, or one).
-func (r *podStartResult) durations(variant string, round int, ready bool) []time.Duration {
+// psMetric is one of the times taken of each pod start.
+type psMetric int
+
+const (
+	// mSandbox is containerd's RunPodSandbox: what the kubelet waits for.
+	mSandbox psMetric = iota
+	// mCNI is the CNI chain's ADD within it, as containerd timed it.
+	mCNI
+	// mRest is RunPodSandbox outside the chain (the sandbox's namespace,
+	// the pause container through runc and its shim): the same work for
+	// every variant, and most of the run's noise.
+	mRest
+	// mReady is from the Create call to the watch event of the pod Ready.
+	mReady
+)
+
+func (p podStart) time(m psMetric) time.Duration {
+	switch m {
+	case mCNI:
+		return p.cni
+	case mRest:
+		return p.sandbox - p.cni
+	case mReady:
+		return p.ready
+	}
+	return p.sandbox
+}
+
+// durations returns a variant's times of one kind (all rounds, or one).
+func (r *podStartResult) durations(variant string, round int, m psMetric) []time.Duration {
 	var out []time.Duration
 	for _, p := range r.pods {
-		if p.variant != variant || (round >= 0 && p.round != round) || p.sandbox == 0 {
+		if p.variant != variant || (round >= 0 && p.round != round) || p.sandbox == 0 || p.cni == 0 {
 			continue
 		}
-		if ready {
-			out = append(out, p.ready)
-		} else {
-			out = append(out, p.sandbox)
-		}
+		out = append(out, p.time(m))
 	}
 	return out
 }
@@ -151,12 +177,12 @@ func p50ms(ds []time.Duration) float64 {
 	return msf(newDist(ds).q(0.5))
 }
 
-// psExtra is, per round, a variant's p50 minus (or divided by) the bare
-// chain's p50 of the same round.
-func (r *podStartResult) perRoundVs(variant string, ready, ratio bool) []float64 {
+// perRoundVs is, per round, a variant's p50 minus (or divided by) the
+// bare chain's p50 of the same round.
+func (r *podStartResult) perRoundVs(variant string, m psMetric, ratio bool) []float64 {
 	var out []float64
 	for round := range r.rounds {
-		v, b := p50ms(r.durations(variant, round, ready)), p50ms(r.durations(psBare, round, ready))
+		v, b := p50ms(r.durations(variant, round, m)), p50ms(r.durations(psBare, round, m))
 		if v == 0 || b == 0 {
 			continue
 		}
@@ -171,8 +197,8 @@ func (r *podStartResult) perRoundVs(variant string, ready, ratio bool) []float64
 
 // pooledVs is a variant's p50 over every round minus (or divided by)
 // the bare chain's.
-func (r *podStartResult) pooledVs(variant string, ready, ratio bool) float64 {
-	v, b := p50ms(r.durations(variant, -1, ready)), p50ms(r.durations(psBare, -1, ready))
+func (r *podStartResult) pooledVs(variant string, m psMetric, ratio bool) float64 {
+	v, b := p50ms(r.durations(variant, -1, m)), p50ms(r.durations(psBare, -1, m))
 	if ratio {
 		return v / b
 	}
@@ -230,7 +256,7 @@ var sameSpecFlags = []string{
 func (b *bench) podStart(t *progTB, alone, same *daemon, binDir string, r *podStartResult) {
 	begin := time.Now()
 	b.progress("pod start: starting the cluster (internal/kcluster)")
-	c := kcluster.Start(t, kcluster.Options{})
+	c := kcluster.Start(t, kcluster.Options{ContainerdDebug: true})
 	r.clusterUp = time.Since(begin)
 	c.InstallCNIPlugin(t, "nftredir-cni", filepath.Join(binDir, "nftredir-cni"))
 	// The daemon's state, its Kubernetes state and sockets on the run's
@@ -304,26 +330,22 @@ func (b *bench) podStart(t *progTB, alone, same *daemon, binDir string, r *podSt
 	// The daemon's and the proxy's CPU, sampled through the rounds, so
 	// that what they used during each sandbox can be read afterwards.
 	cpu := sampleCPU(kd.cmd.Process.Pid, proxyPID, 5*time.Millisecond)
+	cri := c.CRI(t)
 	for round := range r.rounds {
-		// The bare chain and nftredir's take turns going first. Within
-		// nftredir's group the two variants alternate pod by pod (same
-		// chain, no reload between them), the first of each pair taking
-		// turns too, so the machine's drift weighs on both alike.
-		groups := [][]string{{psBare}, {psOut, psCaptured}}
-		if round%2 == 1 {
-			groups = [][]string{{psCaptured, psOut}, {psBare}}
-		}
 		r.load = append(r.load, loadAvg())
-		b.progress("pod start, round %d/%d: %d pods per variant, one after another (load %.2f)", round+1, r.rounds, r.perRound, loadAvg())
-		for _, g := range groups {
-			useChain(map[bool]string{true: psBare, false: "nftredir"}[g[0] == psBare])
-			// Let the conflist reload and the last deletions settle.
-			b.sleep(t.Context(), time.Second)
-			names := map[string][]string{}
-			first := len(r.pods)
-			for i := range r.perRound * len(g) {
-				v := g[(i+i/len(g))%len(g)]
-				name := fmt.Sprintf("ps%d-%d", round, i)
+		b.progress("pod start, round %d/%d: %d pods per variant, one at a time (load %.2f)", round+1, r.rounds, r.perRound, loadAvg())
+		first := len(r.pods)
+		for i := range r.perRound {
+			// One pod of each variant, each alone on the node: created,
+			// Ready, deleted and torn down before the next, so that no
+			// variant starts beside more pods than another. The three
+			// take turns going first, so that the machine's drift weighs
+			// on all of them alike.
+			k := round*r.perRound + i
+			for j := range psVariants {
+				v := psVariants[(j+k)%len(psVariants)]
+				useChain(map[bool]string{true: psBare, false: "nftredir"}[v == psBare])
+				name := fmt.Sprintf("ps%d-%d-%d", round, i, j)
 				proxy0, daemon0 := taskCPU(proxyPID), taskCPU(kd.cmd.Process.Pid)
 				ps, err := startPod(t.Context(), c, nss[v], name, image)
 				if err != nil {
@@ -335,26 +357,29 @@ func (b *bench) podStart(t *progTB, alone, same *daemon, binDir string, r *podSt
 				}
 				ps.variant, ps.round = v, round
 				r.pods = append(r.pods, ps)
-				names[v] = append(names[v], name)
-			}
-			for _, v := range g {
-				var ready []time.Duration
-				for _, p := range r.pods[first:] {
-					if p.variant == v {
-						ready = append(ready, p.ready)
-					}
-				}
-				b.progress("  %-36s create→Ready p50 %6.1f ms", v, p50ms(ready))
-				if err := deletePods(t.Context(), c, nss[v], names[v]); err != nil {
+				if err := deletePods(t.Context(), c, nss[v], []string{name}); err != nil {
 					t.Fatal(err)
 				}
+				if err := waitSandboxStopped(t.Context(), cri, ps.uid); err != nil {
+					t.Fatal(err)
+				}
+				// Let what the teardown set off (the kubelet's, the
+				// daemon's and the proxy's reactions) settle.
+				b.sleep(t.Context(), podGap)
 			}
 		}
+		for _, v := range psVariants {
+			var ready []time.Duration
+			for _, p := range r.pods[first:] {
+				if p.variant == v {
+					ready = append(ready, p.ready)
+				}
+			}
+			b.progress("  %-36s create→Ready p50 %6.1f ms", v, p50ms(ready))
+		}
 		// The standalone daemon, sequential, while the cluster runs: the
-		// base of the Kubernetes-mode AddPod's ratio. The deletions'
-		// teardown settles first, as it had before each pod start.
-		// The two standalone daemons take turns going first.
-		b.sleep(t.Context(), time.Second)
+		// base of the Kubernetes-mode AddPod's ratio. The two standalone
+		// daemons take turns going first.
 		order := []*daemon{alone, same}
 		if round%2 == 1 {
 			order = []*daemon{same, alone}
@@ -391,15 +416,15 @@ func (b *bench) podStart(t *progTB, alone, same *daemon, binDir string, r *podSt
 	}
 	missing := 0
 	for i := range r.pods {
-		if w, ok := sb[r.pods[i].uid]; ok {
-			r.pods[i].sandbox = w.d()
+		if w, ok := sb[r.pods[i].uid]; ok && w.cni > 0 {
+			r.pods[i].sandbox, r.pods[i].cni = w.d(), w.cni
 			r.pods[i].sbDaemonCPU, r.pods[i].sbProxyCPU = cpu.within(w.start, w.end)
 		} else {
 			missing++
 		}
 	}
 	if missing > 0 {
-		t.Fatalf("containerd's log has no RunPodSandbox pair for %d of %d pods", missing, len(r.pods))
+		t.Fatalf("containerd's log has no RunPodSandbox pair, or no CNI setup lines within it, for %d of %d pods", missing, len(r.pods))
 	}
 	lines, err := kd.addPodLines(kubeMark, kd.logSize())
 	if err != nil {
@@ -465,6 +490,37 @@ func startPod(ctx context.Context, c *kcluster.Cluster, ns, name, image string) 
 				return podStart{name: name, uid: string(got.UID), ready: time.Since(t0)}, nil
 			}
 		}
+	}
+}
+
+// podGap is the pause between one pod's teardown and the next pod's
+// start.
+const podGap = 250 * time.Millisecond
+
+// waitSandboxStopped waits until containerd has stopped every sandbox of
+// the pod (its CNI DEL done, its pause container gone).
+func waitSandboxStopped(ctx context.Context, rs runtimeapi.RuntimeServiceClient, uid string) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		l, err := rs.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{
+			LabelSelector: map[string]string{"io.kubernetes.pod.uid": uid},
+		}})
+		if err != nil {
+			return err
+		}
+		ready := 0
+		for _, sb := range l.Items {
+			if sb.State == runtimeapi.PodSandboxState_SANDBOX_READY {
+				ready++
+			}
+		}
+		if ready == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pod %s: sandbox still ready a minute after its deletion", uid)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -759,14 +815,20 @@ func minimalGoProgram() string {
 	return p
 }
 
-// containerd's log lines around a sandbox (logrus text format):
+// containerd's log lines around a sandbox (logrus text format); the CNI
+// chain's lines are logged at debug:
 //
 //	time="..." level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:p,Uid:U,Namespace:n,Attempt:0,}"
-//	time="..." level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:p,Uid:U,Namespace:n,Attempt:0,} returns sandbox id \"...\""
-var sandboxLine = regexp.MustCompile(`^time="([^"]+)".*msg="RunPodSandbox for &PodSandboxMetadata\{Name:[^,]*,Uid:([^,]*),Namespace:[^,]*,Attempt:0,\}( returns sandbox id)?`)
+//	time="..." level=debug msg="begin cni setup" podsandboxid=ID
+//	time="..." level=debug msg="cni result: {...}" podsandboxid=ID
+//	time="..." level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:p,Uid:U,Namespace:n,Attempt:0,} returns sandbox id \"ID\""
+var (
+	sandboxLine = regexp.MustCompile(`^time="([^"]+)".*msg="RunPodSandbox for &PodSandboxMetadata\{Name:[^,]*,Uid:([^,]*),Namespace:[^,]*,Attempt:0,\}( returns sandbox id \\"([0-9a-f]+)\\")?"`)
+	cniLine     = regexp.MustCompile(`^time="([^"]+)" level=debug msg="(begin cni setup|cni result: ).*" podsandboxid=([0-9a-f]+)$`)
+)
 
-// sandboxTimes reads each first-attempt sandbox's RunPodSandbox time, by
-// pod UID, from containerd's log.
+// sandboxTimes reads each first-attempt sandbox's RunPodSandbox time, and
+// its CNI chain's within it, by pod UID, from containerd's log.
 func sandboxTimes(path string) (map[string]sandboxWindow, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -776,29 +838,64 @@ func sandboxTimes(path string) (map[string]sandboxWindow, error) {
 	return parseSandboxTimes(f)
 }
 
-// sandboxWindow is when one sandbox's RunPodSandbox ran.
-type sandboxWindow struct{ start, end time.Time }
+// sandboxWindow is when one sandbox's RunPodSandbox ran, and how long its
+// CNI ADD took (0 when containerd did not log it).
+type sandboxWindow struct {
+	start, end time.Time
+	cni        time.Duration
+}
 
 func (w sandboxWindow) d() time.Duration { return w.end.Sub(w.start) }
 
 func parseSandboxTimes(r io.Reader) (map[string]sandboxWindow, error) {
 	begun := map[string]time.Time{}
 	out := map[string]sandboxWindow{}
+	uidOf := map[string]string{} // sandbox ID → pod UID
+	cniBegun, cniDone := map[string]time.Time{}, map[string]time.Time{}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	parse := func(s string) (time.Time, error) {
+		at, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			return at, fmt.Errorf("containerd log time %q: %w", s, err)
+		}
+		return at, nil
+	}
 	for sc.Scan() {
-		m := sandboxLine.FindStringSubmatch(sc.Text())
+		line := sc.Text()
+		if m := cniLine.FindStringSubmatch(line); m != nil {
+			at, err := parse(m[1])
+			if err != nil {
+				return nil, err
+			}
+			if m[2] == "begin cni setup" {
+				cniBegun[m[3]] = at
+			} else {
+				cniDone[m[3]] = at
+			}
+			continue
+		}
+		m := sandboxLine.FindStringSubmatch(line)
 		if m == nil {
 			continue
 		}
-		at, err := time.Parse(time.RFC3339Nano, m[1])
+		at, err := parse(m[1])
 		if err != nil {
-			return nil, fmt.Errorf("containerd log time %q: %w", m[1], err)
+			return nil, err
 		}
 		if m[3] == "" {
 			begun[m[2]] = at
 		} else if t0, ok := begun[m[2]]; ok {
-			out[m[2]] = sandboxWindow{t0, at}
+			out[m[2]] = sandboxWindow{start: t0, end: at}
+			uidOf[m[4]] = m[2]
+		}
+	}
+	for id, uid := range uidOf {
+		t0, ok0 := cniBegun[id]
+		t1, ok1 := cniDone[id]
+		if w := out[uid]; ok0 && ok1 && !t1.Before(t0) {
+			w.cni = t1.Sub(t0)
+			out[uid] = w
 		}
 	}
 	return out, sc.Err()

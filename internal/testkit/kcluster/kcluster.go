@@ -82,6 +82,11 @@ type Options struct {
 	// Calico's, Cilium's and kindnet's default networks. Default:
 	// CNIVersion.
 	ConflistVersion string
+	// ContainerdDebug runs containerd at log level debug, whose lines
+	// include each sandbox's CNI setup ("begin cni setup", "cni result"),
+	// for a caller that times the CNI chain apart from the rest of
+	// RunPodSandbox. Default: info.
+	ContainerdDebug bool
 }
 
 // Cluster is a running single-node cluster. Its exported fields are fixed
@@ -534,7 +539,11 @@ func (c *Cluster) startContainerd() error {
 	if err := os.WriteFile(cfg, []byte(c.containerdConfig()), 0o644); err != nil {
 		return err
 	}
-	return c.startComponent("containerd", c.bin("containerd"), "--config", cfg, "--log-level", "info")
+	level := "info"
+	if c.opts.ContainerdDebug {
+		level = "debug"
+	}
+	return c.startComponent("containerd", c.bin("containerd"), "--config", cfg, "--log-level", level)
 }
 
 func (c *Cluster) startKubelet() error {
