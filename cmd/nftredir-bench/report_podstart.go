@@ -196,7 +196,7 @@ func (r *report) podStartNotes() string {
 		in := totalP50(lines)
 		notes = append(notes, fmt.Sprintf("- *%s*: the sandbox takes %+.1f ms over the bare chain (p50s over all rounds): its CNI ADD %+.1f ms, the rest %+.1f ms. "+
 			"nftredir-cni accounts for about %.1f ms of the CNI ADD's: a bare exec of it takes %.2f ms (its start-up and exit), and its run from its Go code's start to the daemon's answer %.2f ms, of which the AddPod call %.2f ms, "+
-			"%.2f ms of that in the daemon (%s). The other %+.1f ms is the rest of the chain taking longer with nftredir's work beside it on %d cores%s.",
+			"%.2f ms of that in the daemon (%s). The other %+.1f ms is outside the plugin's own timings: its exit after the answer, the runtime's handling of one more plugin, and the chain's other plugins sharing %d cores with nftredir's work%s.",
 			v, extra, chain, outside, exec+run, exec, run, call, in, topPhases(lines, 3), chain-exec-run, r.res.machine.cores, proxyNote(captured, ps)))
 	}
 	proxyCPU := "the stand-in proxy runs inside this program and is not measured"
@@ -239,7 +239,7 @@ func proxyNote(captured bool, ps *podStartResult) string {
 		return ""
 	}
 	if strings.HasPrefix(ps.proxy, "ztunnel") {
-		return ", ztunnel taking the pod (it enters the pod's namespace and opens its listeners) among them"
+		return " and with ztunnel taking the pod (it enters the pod's namespace and opens its listeners)"
 	}
 	return ""
 }
