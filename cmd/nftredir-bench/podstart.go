@@ -51,6 +51,10 @@ const (
 
 var psVariants = []string{psBare, psOut, psCaptured}
 
+// psOrders are the orders of psVariants' indexes the pod start section
+// cycles through: all six.
+var psOrders = [][3]int{{0, 1, 2}, {1, 2, 0}, {2, 0, 1}, {0, 2, 1}, {2, 1, 0}, {1, 0, 2}}
+
 // The section's targets: what capture may add to a pod's sandbox, and
 // what Kubernetes mode may add to AddPod in the daemon.
 const (
@@ -338,12 +342,14 @@ func (b *bench) podStart(t *progTB, alone, same *daemon, binDir string, r *podSt
 		for i := range r.perRound {
 			// One pod of each variant, each alone on the node: created,
 			// Ready, deleted and torn down before the next, so that no
-			// variant starts beside more pods than another. The three
-			// take turns going first, so that the machine's drift weighs
-			// on all of them alike.
-			k := round*r.perRound + i
-			for j := range psVariants {
-				v := psVariants[(j+k)%len(psVariants)]
+			// variant starts beside more pods than another. The orders
+			// cycle through every permutation, so that each variant goes
+			// first, and follows each other one, as often as the rest:
+			// the machine's drift and what one pod's teardown leaves
+			// behind weigh on all of them alike.
+			order := psOrders[(round*r.perRound+i)%len(psOrders)]
+			for j, vi := range order {
+				v := psVariants[vi]
 				useChain(map[bool]string{true: psBare, false: "nftredir"}[v == psBare])
 				name := fmt.Sprintf("ps%d-%d-%d", round, i, j)
 				proxy0, daemon0 := taskCPU(proxyPID), taskCPU(kd.cmd.Process.Pid)

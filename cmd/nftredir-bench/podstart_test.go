@@ -236,3 +236,34 @@ func mustProcCPU(t *testing.T, pid int) time.Duration {
 	}
 	return d
 }
+
+// TestPodStartOrders: every variant goes first, and follows each other
+// one, equally often over a cycle of the orders.
+func TestPodStartOrders(t *testing.T) {
+	first := map[int]int{}
+	follows := map[[2]int]int{}
+	for _, o := range psOrders {
+		seen := map[int]bool{}
+		for j, v := range o {
+			if v < 0 || v >= len(psVariants) || seen[v] {
+				t.Fatalf("order %v is not a permutation of the variants", o)
+			}
+			seen[v] = true
+			if j == 0 {
+				first[v]++
+			} else {
+				follows[[2]int{o[j-1], v}]++
+			}
+		}
+	}
+	for v := range psVariants {
+		if first[v] != len(psOrders)/len(psVariants) {
+			t.Errorf("%s goes first %d times in %d orders", psVariants[v], first[v], len(psOrders))
+		}
+		for w := range psVariants {
+			if v != w && follows[[2]int{w, v}] != follows[[2]int{v, w}] {
+				t.Errorf("%s follows %s %d times, the other way %d", psVariants[v], psVariants[w], follows[[2]int{w, v}], follows[[2]int{v, w}])
+			}
+		}
+	}
+}

@@ -68,7 +68,7 @@ func (r *report) podStartTable() table {
 		"and the rest is RunPodSandbox outside the chain (the pause container through runc and its shim), the same work for every variant and most of the noise. create→Ready runs from this program's Create call to the watch event that shows the pod Ready (no readiness probe: Ready once its container runs). "+
 		"nftredird runs in Kubernetes mode as a host process in the node's namespace (JSON logs at info, admin kubeconfig); its node proxy is %s. "+
 		"Pods outside the mesh are in a namespace without the `%s` label, captured ones in a namespace with it. "+
-		"Each pod starts alone on the node: it is created, Ready, deleted (grace 0) and its sandbox stopped (CNI DEL done), then after %s the next starts; the three variants take turns, each going first as often as the others, and the conflist is switched (and containerd seen to load it) between the bare chain and nftredir's. "+
+		"Each pod starts alone on the node: it is created, Ready, deleted (grace 0) and its sandbox stopped (CNI DEL done), then after %s the next starts; the three variants take turns in every order, each going first and following each other one as often as the others, and the conflist is switched (and containerd seen to load it) between the bare chain and nftredir's. "+
 		"create→Ready is dominated by the kubelet's pod status cycle (about a second), so only RunPodSandbox resolves milliseconds.",
 		kcluster.KubeVersion, ps.clusterUp.Seconds(), ps.proxy, kube.DefaultModeLabel+"="+kube.DefaultModeEnabled, podGap)}
 	return t
