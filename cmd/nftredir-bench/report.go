@@ -698,7 +698,7 @@ func (r *report) markdown(out, svgPath string) string {
 	w("- **Memory and fds**: VmRSS and RssAnon from /proc/PID/status and the entries of /proc/PID/fd, one second after the daemon was last busy; the leak check compares RssAnon.\n")
 	w("- **Data path**: see the note under its table.\n")
 	if r.res.podStart != nil {
-		w("- **Pod start**: see the notes under its tables. The cluster is started once, after the other sections; in each of its rounds, while the cluster runs, two standalone daemons are timed with sequential AddPods, each after a pause: the main one (default spec) and one started with the Kubernetes-mode daemon's spec (DNS capture, no node probe set), the base of the Kubernetes-mode ratio.\n")
+		w("- **Pod start**: see the notes under its tables. The cluster is started once, after the apply, CNI and data path sections and before the reconcile and leak sections (which stop the main daemon); in each of its rounds, while the cluster runs, two standalone daemons are timed with sequential AddPods, each after a pause: the main one (default spec) and one started with the Kubernetes-mode daemon's spec (DNS capture, no node probe set), the base of the Kubernetes-mode ratio.\n")
 	}
 	w("- Statistics: p50/p99 are nearest-rank percentiles over the pods of one sample; every table shows the median over repetitions and the range [min–max]. " +
 		"Ratios are computed within each repetition, then summarised.\n\n")
