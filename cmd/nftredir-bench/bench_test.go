@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -32,18 +33,38 @@ func TestQuickRun(t *testing.T) {
 	svg := filepath.Join(dir, "docs", "latency.svg")
 	// The plugin is its own baseline: the flag's path through the run
 	// is what is tested.
-	cfg, err := parseFlags([]string{"-quick", "-daemon", daemon, "-cni-bin", cniBin, "-out", out, "-svg", svg, "-baseline-cni", filepath.Join(cniBin, "nftredir-cni")}, io.Discard)
+	cfg, err := parseFlags([]string{"-quick", "-daemon", daemon, "-cni-bin", cniBin, "-out", out, "-svg", svg, "-baseline-cni", filepath.Join(cniBin, "nftredir-cni"),
+		// One pod per variant: the last to start is a captured one, so the
+		// cluster's teardown runs with nftredir-cni in the chain.
+		"-podstart-pods", "1"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var stdout, progress bytes.Buffer
+	scratch := filepath.Join(os.TempDir(), "nftr-bench-tb-*")
+	before, err := filepath.Glob(scratch)
+	if err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
 	if err := run(ctx, cfg, &stdout, &progress); err != nil {
 		t.Fatalf("quick run: %v\nprogress:\n%s", err, progress.String())
 	}
 	t.Logf("quick run took %v", time.Since(start).Round(time.Millisecond))
+	// The pod start section's scratch dirs go with the run, even when the
+	// cluster's teardown still runs the plugin (which logs there).
+	after, err := filepath.Glob(scratch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range after {
+		if !slices.Contains(before, d) {
+			t.Errorf("the run left %s behind", d)
+			os.RemoveAll(d)
+		}
+	}
 
 	for _, want := range []string{"Targets", "iptables-restore", "nft -f", "CNI ADD as the runtime sees it", "nftredir-cni VERSION", "RemovePod over a warm connection", "Reconcile at scale", "Data path", "PASS", "baseline nftredir-cni's bare exec"} {
 		if !strings.Contains(stdout.String(), want) {

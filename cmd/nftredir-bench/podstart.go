@@ -258,15 +258,17 @@ var sameSpecFlags = []string{
 }
 
 func (b *bench) podStart(t *progTB, alone, same *daemon, binDir string, r *podStartResult) {
+	// The daemon's state, its Kubernetes state and sockets on the run's
+	// tmpfs, as /run is on a node; the plugin's data dir and logs on disk,
+	// as /var/lib and /var/log are. The dir is made before the cluster so
+	// that it is removed after the cluster's teardown, whose CNI DELs
+	// still run the plugin, which logs there.
+	dir, run := t.TempDir(), filepath.Join(b.work, "kube")
 	begin := time.Now()
 	b.progress("pod start: starting the cluster (internal/kcluster)")
 	c := kcluster.Start(t, kcluster.Options{ContainerdDebug: true})
 	r.clusterUp = time.Since(begin)
 	c.InstallCNIPlugin(t, "nftredir-cni", filepath.Join(binDir, "nftredir-cni"))
-	// The daemon's state, its Kubernetes state and sockets on the run's
-	// tmpfs, as /run is on a node; the plugin's data dir and logs on disk,
-	// as /var/lib and /var/log are.
-	dir, run := t.TempDir(), filepath.Join(b.work, "kube")
 	if err := os.Mkdir(run, 0o700); err != nil {
 		t.Fatal(err)
 	}
