@@ -528,6 +528,17 @@ func podIP(p *corev1.Pod) netip.Addr { return netip.MustParseAddr(p.Status.PodIP
 // connecting to dst meanwhile.
 func checkSeenOnce(t *testing.T, zt *istiotest.Ztunnel, pins map[string]*nstest.Netns, src, dst *corev1.Pod, dstInMesh bool) {
 	t.Helper()
+	// ztunnel logs each side of a connection when it ends, the inbound
+	// side up to milliseconds after the outbound one: connections made
+	// just before this one may still be logging. Start from a log where
+	// nothing has completed for a second.
+	settled := func() int { return strings.Count(zt.Log(t), "connection complete") }
+	for n, quiet, deadline := settled(), time.Now(), time.Now().Add(10*time.Second); time.Since(quiet) < time.Second && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+		if m := settled(); m != n {
+			n, quiet = m, time.Now()
+		}
+	}
 	before := len(zt.Log(t))
 	addr := netip.AddrPortFrom(podIP(dst), 8080).String()
 	r := probeOnce(pins[src.Name], podIP(src), addr, 3*time.Second)
