@@ -161,6 +161,11 @@ func startOwned(owner testing.TB, name string, cmd *exec.Cmd, logPath string) (*
 	owner.Cleanup(func() {
 		p.stop()
 		if owner.Failed() {
+			// The tail alone misses a cause logged early, e.g. the
+			// istio-cni agent's failure to set up what later ADDs need.
+			if early := p.problems(40); early != "" {
+				owner.Logf("%s log (its first 40 error and warning lines, of %s):\n%s", name, logPath, early)
+			}
 			owner.Logf("%s log (last 60 lines of %s):\n%s", name, logPath, p.tail(60))
 		}
 	})
@@ -203,6 +208,29 @@ func (p *process) tail(n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "")
+}
+
+// problems returns the first n lines of the log that Istio's components
+// (and ztunnel) mark as errors or warnings.
+func (p *process) problems(n int) string {
+	b, err := os.ReadFile(p.log)
+	if err != nil {
+		return err.Error()
+	}
+	return problemLines(string(b), n)
+}
+
+func problemLines(log string, n int) string {
+	var out []string
+	for _, l := range strings.SplitAfter(log, "\n") {
+		if len(out) == n {
+			break
+		}
+		if f := strings.Fields(l); len(f) > 1 && (f[1] == "error" || f[1] == "warn") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "")
 }
 
 // Log returns the process's whole output so far.

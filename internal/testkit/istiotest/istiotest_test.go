@@ -111,3 +111,19 @@ stat -f -c %T /host/var/run/netns/` + pin
 		t.Errorf("mounts under %s on the machine after the agent's end", root)
 	}
 }
+
+// TestProblemLines: the early errors and warnings of an Istio component's
+// log (its second field is the level), in order, at most n.
+func TestProblemLines(t *testing.T) {
+	log := "2026-12-03T02:35:20.1Z\tinfo\tcni-agent\tstarting\n" +
+		"2026-12-03T02:35:20.2Z\terror\tcni-agent\tfailed to create ipset\n" +
+		"2026-12-03T02:35:20.3Z\twarn\tfailed to setup execution environment\n" +
+		"a line the level of which is not its second field: error\n" +
+		"2026-12-03T02:35:20.4Z\terror\tcni-plugin\tcmdAdd failed\n"
+	if got, want := problemLines(log, 2), "2026-12-03T02:35:20.2Z\terror\tcni-agent\tfailed to create ipset\n2026-12-03T02:35:20.3Z\twarn\tfailed to setup execution environment\n"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if got := problemLines("2026-12-03T02:35:20.1Z\tinfo\tall well\n", 40); got != "" {
+		t.Errorf("a log without problems gave %q", got)
+	}
+}
