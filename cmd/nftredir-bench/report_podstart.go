@@ -205,10 +205,10 @@ func (r *report) podStartNotes() string {
 			ps.cpuP50(psCaptured, true, true), ps.cpuP50(psOut, true, true), ps.cpuP50(psBare, true, true),
 			ps.cpuP50(psCaptured, true, false), ps.cpuP50(psOut, true, false), ps.cpuP50(psBare, true, false))
 	}
-	notes = append(notes, fmt.Sprintf("- *CPU beside the chain* (p50s per pod, captured, not captured, bare chain; /proc/PID/task/*/schedstat, sampled every 5 ms): "+
+	notes = append(notes, fmt.Sprintf("- *CPU beside the chain* (p50s per pod, captured, not captured, bare chain; each process's CPU clock, sampled every %s): "+
 		"nftredird in Kubernetes mode used %.1f, %.1f and %.1f ms of CPU during the pod's RunPodSandbox, %.1f, %.1f and %.1f ms from its Create call until it was Ready; %s. "+
 		"CPU they use while the sandbox is made is taken from the chain and containerd on %d cores.",
-		ps.cpuP50(psCaptured, false, true), ps.cpuP50(psOut, false, true), ps.cpuP50(psBare, false, true),
+		cpuSampleEvery, ps.cpuP50(psCaptured, false, true), ps.cpuP50(psOut, false, true), ps.cpuP50(psBare, false, true),
 		ps.cpuP50(psCaptured, false, false), ps.cpuP50(psOut, false, false), ps.cpuP50(psBare, false, false),
 		proxyCPU, r.res.machine.cores))
 	bare := func(m psMetric) spread {
