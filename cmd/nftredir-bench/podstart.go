@@ -127,6 +127,10 @@ type podStartResult struct {
 	// there is no such program.
 	versionExec []time.Duration
 	goExec      []time.Duration
+	// anyExec, timed turn about with both, is the system's true(1) (a C
+	// program that does nothing): the floor under any plugin's exec,
+	// whatever its language. Empty when there is no true in PATH.
+	anyExec []time.Duration
 	// baselineExec is the same of -baseline-cni's plugin, timed turn
 	// about with both; empty without it.
 	baselineExec []time.Duration
@@ -410,13 +414,14 @@ func (b *bench) podStart(t *progTB, alone, same *daemon, binDir string, r *podSt
 	cpu.stop()
 	plugin := execTiming{bin: filepath.Join(binDir, "nftredir-cni"), env: []string{"CNI_COMMAND=VERSION"}, stdin: `{"cniVersion":"1.0.0"}`}
 	floor := execTiming{bin: minimalGoProgram(), args: []string{"-v"}}
+	anyFloor := execTiming{bin: smallestProgram()}
 	baseline := plugin
 	baseline.bin = b.cfg.baselineCNI
-	times, err := timeExecs(execSamples, plugin, floor, baseline)
+	times, err := timeExecs(execSamples, plugin, floor, anyFloor, baseline)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.versionExec, r.goExec, r.baselineExec, r.baselineCNI = times[0], times[1], times[2], b.cfg.baselineCNI
+	r.versionExec, r.goExec, r.anyExec, r.baselineExec, r.baselineCNI = times[0], times[1], times[2], times[3], b.cfg.baselineCNI
 
 	// containerd's own measure of each sandbox.
 	sb, err := sandboxTimes(c.ComponentLog("containerd"))
@@ -823,6 +828,15 @@ func minimalGoProgram() string {
 	}
 	p := filepath.Join(filepath.Dir(self), "pause")
 	if _, err := os.Stat(p); err != nil {
+		return ""
+	}
+	return p
+}
+
+// smallestProgram is the system's true(1), or "" when PATH has none.
+func smallestProgram() string {
+	p, err := exec.LookPath("true")
+	if err != nil {
 		return ""
 	}
 	return p

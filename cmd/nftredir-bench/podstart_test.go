@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"runtime"
 	"strings"
@@ -174,6 +175,25 @@ func TestPodStartTargetsAndNotes(t *testing.T) {
 	ps.baselineExec = []time.Duration{1800 * time.Microsecond}
 	if want := "so this build's start-up is 0.20 ms longer"; !strings.Contains(r.podStartNotes(), want) {
 		t.Errorf("notes lack %q", want)
+	}
+
+	// With true(1) timed, the floor note says whether a plugin in any
+	// language could meet the target that no Go plugin meets.
+	for _, c := range []struct {
+		anyExec time.Duration
+		want    string
+	}{
+		{600 * time.Microsecond, "0.5 ms above the target of +1 ms, which no Go plugin meets on this machine (true(1), a C program, would leave 0.40 ms)"},
+		{1200 * time.Microsecond, "0.5 ms above the target of +1 ms, which no plugin meets on this machine, in Go or any other language (true(1) alone: +1.20 ms)"},
+	} {
+		ps.anyExec = []time.Duration{c.anyExec}
+		notes, md := r.podStartNotes(), r.markdown("BENCHMARKS.md", "")
+		if !strings.Contains(notes, c.want) || !strings.Contains(notes, fmt.Sprintf("the smallest program of all, true(1), %.2f ms", c.anyExec.Seconds()*1000)) {
+			t.Errorf("true(1) %s: notes lack %q:\n%s", c.anyExec, c.want, notes)
+		}
+		if !strings.Contains(md, fmt.Sprintf("| the smallest program's exec | true(1), a C program, exec to exit, turn about with the rows above |  |  | %.3f |", c.anyExec.Seconds()*1000)) {
+			t.Errorf("true(1) %s: report lacks its row:\n%s", c.anyExec, md)
+		}
 	}
 }
 
