@@ -60,9 +60,11 @@ type k8sWorld struct {
 
 func newK8sWorld(t *testing.T) *k8sWorld {
 	t.Helper()
+	// Made before the cluster: its teardown's CNI DELs write the plugin's
+	// log here (see newMeshCluster).
+	dir := t.TempDir()
 	c := startCluster(t)
 	bins := binaries(t)
-	dir := t.TempDir()
 	w := &k8sWorld{c: c, pluginLog: filepath.Join(dir, "nftredir-cni.log")}
 	t.Cleanup(func() {
 		if t.Failed() {

@@ -24,6 +24,9 @@ func TestK8sCNI031(t *testing.T) {
 		t.Skipf("Kubernetes cluster tests skipped because %s=1", skipK8sEnv)
 	}
 	bin := binaries(t)
+	// Made before the cluster: its teardown's CNI DELs write the plugin's
+	// log here (see newMeshCluster).
+	dir := t.TempDir()
 	c := kcluster.Start(t, kcluster.Options{Repo: bin.Repo, ConflistVersion: "0.3.1"})
 	var primary struct {
 		CNIVersion string `json:"cniVersion"`
@@ -35,7 +38,6 @@ func TestK8sCNI031(t *testing.T) {
 	c.CreateNamespace(t, "nftredir-system", nil)
 	c.ApplyYAML(t, chartRBAC(t, c))
 	kubeconfig := c.ServiceAccountKubeconfig(t, "nftredir-system", "nftredir")
-	dir := t.TempDir()
 	m := &meshCluster{Cluster: c, zds: filepath.Join(dir, "zds.sock"), cniLog: filepath.Join(dir, "cni.log")}
 	m.daemon = startDaemon(t, daemonOpts{
 		dir:   dir,

@@ -61,12 +61,16 @@ func startMeshCluster(t *testing.T) *meshCluster {
 // as on a node before nftredir is installed. startMesh installs it.
 func newMeshCluster(t *testing.T) *meshCluster {
 	t.Helper()
+	// Made before the cluster: cleanups run last-registered first, and the
+	// cluster's teardown deletes its pods, whose CNI DELs write the
+	// plugin's log here. A dir made after the cluster is removed before
+	// that and recreated by the log, left behind in /tmp.
+	dir := t.TempDir()
 	c := startCluster(t)
 	bin := binaries(t)
 	c.InstallCNIPlugin(t, "nftredir-cni", bin.CNI)
 	c.CreateNamespace(t, "nftredir-system", nil)
 	c.ApplyYAML(t, chartRBAC(t, c))
-	dir := t.TempDir()
 	m := &meshCluster{Cluster: c, dir: dir, zds: filepath.Join(dir, "zds.sock"), cniLog: filepath.Join(dir, "cni.log")}
 	m.kubeconfig = c.ServiceAccountKubeconfig(t, "nftredir-system", "nftredir")
 	t.Cleanup(func() {
