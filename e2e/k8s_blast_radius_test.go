@@ -25,13 +25,15 @@ import (
 // ServiceAccount's token.
 func startBlastCluster(t *testing.T) (*meshCluster, string) {
 	t.Helper()
+	// Made before the cluster: its teardown's CNI DELs write the plugin's
+	// log here (see newMeshCluster).
+	dir := t.TempDir()
 	c := startCluster(t)
 	bin := binaries(t)
 	c.InstallCNIPlugin(t, "nftredir-cni", bin.CNI)
 	c.InstallCNIPlugin(t, "nftredir-cni-helper", bin.CNIHelper)
 	c.CreateNamespace(t, "nftredir-system", nil)
 	c.ApplyYAML(t, chartRBAC(t, c))
-	dir := t.TempDir()
 	m := &meshCluster{Cluster: c, zds: filepath.Join(dir, "zds.sock"), cniLog: filepath.Join(dir, "cni.log")}
 	m.daemon = startDaemon(t, daemonOpts{
 		dir:   dir,
