@@ -335,10 +335,10 @@ func floorNote(ps *podStartResult) string {
 			return fmt.Sprintf("%.1f ms under the target of +%.0f ms", target-goFloor, target)
 		case anyFloor > target:
 			return fmt.Sprintf("%.1f ms above the target of +%.0f ms, which no plugin meets on this machine, in Go or any other language (true(1) alone: +%.2f ms)", goFloor-target, target, anyFloor)
-		case anyFloor <= target:
-			return fmt.Sprintf("%.1f ms above the target of +%.0f ms, which no Go plugin meets on this machine (true(1), a C program, would leave %.2f ms)", goFloor-target, target, target-anyFloor)
+		case math.IsNaN(anyFloor):
+			return fmt.Sprintf("%.1f ms above the target of +%.0f ms, which no Go plugin meets on this machine", goFloor-target, target)
 		}
-		return fmt.Sprintf("%.1f ms above the target of +%.0f ms, which no Go plugin meets on this machine", goFloor-target, target)
+		return fmt.Sprintf("%.1f ms above the target of +%.0f ms, which no Go plugin meets on this machine (true(1), a C program, would leave %.2f ms)", goFloor-target, target, target-anyFloor)
 	}
 	baseline := ""
 	if len(ps.baselineExec) > 0 {
