@@ -69,8 +69,9 @@ func (a *Agent) showCaptured(ctx context.Context, pod *corev1.Pod, rec *nftredir
 const pendingGrace = time.Second
 
 // showIfCaptured annotates the pod if it is enrolled after all, after a
-// failed AddPod: one that waited in vain for the proxy's ack
-// (--zds-require-ack) leaves the pod captured, and "pending" says so.
+// failed AddPod: one of a pod captured before, that waited in vain for
+// the proxy's ack (--zds-require-ack), leaves the pod captured, and
+// "pending" says so.
 func (a *Agent) showIfCaptured(ctx context.Context, pod *corev1.Pod) error {
 	rec, err := a.enr.Enrolled(string(pod.UID))
 	if err != nil || rec == nil {
