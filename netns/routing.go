@@ -163,11 +163,42 @@ func EnsureRouting(h *Handle, r Routing) (Added, error) {
 	if err := r.Validate(); err != nil {
 		return added, err
 	}
-	err := h.withRoute(func(nh *netlink.Handle) error { return ensureRouting(nh, r, &added) })
+	err := h.withRoute(func(nh *netlink.Handle) error { return ensureRouting(nh, r, &added, h.step) })
 	return added, err
 }
 
-func ensureRouting(nh *netlink.Handle, r Routing, added *Added) error {
+// The changes EnsureRouting makes, in its order, as a Guard's Fault sees
+// them: lo brought up (only when down), then per family the local route
+// and the fwmark rule.
+const (
+	StepLoopbackUp = "lo up"
+	StepRouteV4    = "route v4"
+	StepRuleV4     = "rule v4"
+	StepRouteV6    = "route v6"
+	StepRuleV6     = "rule v6"
+)
+
+// RoutingSteps lists the changes of an EnsureRouting in a namespace with
+// IPv6 whose lo is up, in order.
+var RoutingSteps = []string{StepRouteV4, StepRuleV4, StepRouteV6, StepRuleV6}
+
+// step asks the guard's Fault, if any, whether the change named step may
+// go ahead.
+func (h *Handle) step(step string) error {
+	if h.fault == nil {
+		return nil
+	}
+	return h.fault(h.path, step)
+}
+
+func familyStep(family int, v4, v6 string) string {
+	if family == unix.AF_INET6 {
+		return v6
+	}
+	return v4
+}
+
+func ensureRouting(nh *netlink.Handle, r Routing, added *Added, step func(string) error) error {
 	lo, err := loopback(nh)
 	if err != nil {
 		return err
@@ -179,6 +210,9 @@ func ensureRouting(nh *netlink.Handle, r Routing, added *Added) error {
 		// RemoveRouting leaves it up: a pod without a working loopback
 		// is broken anyway, and nothing else may rely on it being down.
 		// Only undoing this very call (RemoveAdded) takes it down again.
+		if err := step(StepLoopbackUp); err != nil {
+			return fmt.Errorf("bring up lo: %w", err)
+		}
 		if err := nh.LinkSetUp(lo); err != nil {
 			return fmt.Errorf("bring up lo: %w", err)
 		}
@@ -190,6 +224,9 @@ func ensureRouting(nh *netlink.Handle, r Routing, added *Added) error {
 	}
 	for _, fam := range fams {
 		want := r.route(fam, lo.Attrs().Index)
+		if err := step(familyStep(fam, StepRouteV4, StepRouteV6)); err != nil {
+			return fmt.Errorf("add local route (family %d, table %d): %w", fam, r.Table, err)
+		}
 		// Added exclusively, so that a route that is already there (ours
 		// or another agent's identical one) is told apart from a new
 		// one; a different route under the same key is replaced, as
@@ -210,6 +247,9 @@ func ensureRouting(nh *netlink.Handle, r Routing, added *Added) error {
 				}
 				added.note(fam, false, true)
 			}
+		}
+		if err := step(familyStep(fam, StepRuleV4, StepRuleV6)); err != nil {
+			return fmt.Errorf("add fwmark rule (family %d): %w", fam, err)
 		}
 		switch err := nh.RuleAdd(r.rule(fam)); {
 		case err == nil:
