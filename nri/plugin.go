@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -229,7 +230,8 @@ func (p *Plugin) answerBy(ctx context.Context) (context.Context, context.CancelF
 // through the same AddPod and policy. A pod the policy leaves alone gets
 // nil at once; an error fails the sandbox, the runtime tears it down and
 // the kubelet tries again.
-func (p *Plugin) RunPodSandbox(ctx context.Context, pod *api.PodSandbox) error {
+func (p *Plugin) RunPodSandbox(ctx context.Context, pod *api.PodSandbox) (err error) {
+	defer p.recover("RunPodSandbox", &err)
 	if p.delay > 0 {
 		time.Sleep(p.delay)
 	}
@@ -271,7 +273,8 @@ func (p *Plugin) enrol(ctx context.Context, pod *api.PodSandbox) (bool, error) {
 // runtime stops the sandbox, then tears its network down. A pod enrolled
 // through a newer sandbox since is left alone. The runtime only logs an
 // error here.
-func (p *Plugin) StopPodSandbox(ctx context.Context, pod *api.PodSandbox) error {
+func (p *Plugin) StopPodSandbox(ctx context.Context, pod *api.PodSandbox) (err error) {
+	defer p.recover("StopPodSandbox", &err)
 	ctx, cancel := p.answerBy(ctx)
 	defer cancel()
 	return p.release(ctx, pod, "StopPodSandbox")
@@ -279,7 +282,8 @@ func (p *Plugin) StopPodSandbox(ctx context.Context, pod *api.PodSandbox) error 
 
 // RemovePodSandbox is StopPodSandbox's backstop: by now the runtime has
 // normally removed the namespace, and with it whatever was captured.
-func (p *Plugin) RemovePodSandbox(ctx context.Context, pod *api.PodSandbox) error {
+func (p *Plugin) RemovePodSandbox(ctx context.Context, pod *api.PodSandbox) (err error) {
+	defer p.recover("RemovePodSandbox", &err)
 	ctx, cancel := p.answerBy(ctx)
 	defer cancel()
 	return p.release(ctx, pod, "RemovePodSandbox")
@@ -321,7 +325,8 @@ func (p *Plugin) release(ctx context.Context, pod *api.PodSandbox, event string)
 // The whole call must fit in one request timeout; it stops in time and
 // fails if it does not, and the next connection goes on from there (pods
 // enrolled through their namespace are not enrolled again).
-func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
+func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, containers []*api.Container) (_ []*api.ContainerUpdate, err error) {
+	defer p.recover("Synchronize", &err)
 	ctx, cancel := p.answerBy(ctx)
 	defer cancel()
 	start := time.Now()
@@ -341,9 +346,10 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, contai
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
-			defer func() { <-sem; wg.Done() }()
-			captured, err := p.enrol(ctx, pod)
-			out[i] = outcome{pod, captured, err}
+			o := outcome{pod: pod}
+			defer func() { out[i] = o; <-sem; wg.Done() }()
+			defer p.recover("Synchronize", &o.err)
+			o.captured, o.err = p.enrol(ctx, pod)
 		}()
 	}
 	wg.Wait()
@@ -373,6 +379,15 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, contai
 		close(*c)
 	}
 	return nil, nil
+}
+
+// recover turns a panic in a handler into its error: the daemon never
+// dies of a runtime's request, and the runtime fails what it asked.
+func (p *Plugin) recover(handler string, err *error) {
+	if r := recover(); r != nil {
+		p.log.Error("panic in NRI handler", "handler", handler, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+		*err = fmt.Errorf("nftredir: internal error in %s", handler)
+	}
 }
 
 // Shutdown is the runtime saying it stops; the connection closes next and

@@ -18,6 +18,7 @@ import (
 	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
+	"github.com/nftredir/nftredir/nri"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 	"github.com/nftredir/nftredir/server"
 	"github.com/nftredir/nftredir/state"
@@ -138,7 +139,7 @@ func TestReadyzWaitsForStartupReconcile(t *testing.T) {
 	srv, pods := build(second, applier, secondPods)
 	setSources(met, pods, nil, nil, nil, nil)
 	runServer(t, srv, socket)
-	addr, stopHTTP, err := serveHTTP(opts, readiness(opts, srv, nil), met, log)
+	addr, stopHTTP, err := serveHTTP(opts, readiness(opts, srv, nil, nil), met, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,5 +167,27 @@ func TestReadyzWaitsForStartupReconcile(t *testing.T) {
 	}
 	if _, body := get(t, url+"/metrics"); !strings.Contains(body, `nftredir_reconcile_pods_total{outcome="in_sync"} 1`) || !strings.Contains(body, "nftredir_pods_enrolled 1") {
 		t.Errorf("/metrics after the startup reconcile lacks the in-sync pod:\n%s", body)
+	}
+}
+
+// Readiness under NRI enrolment: registered, or, with auto, refused by a
+// runtime that cannot hold pods back (the CNI chain is the gate there).
+func TestNRIReady(t *testing.T) {
+	refused := nri.State{Refused: "containerd v2.1.4 has no NRI validator"}
+	for _, c := range []struct {
+		s    nri.State
+		auto bool
+		want string
+	}{
+		{nri.State{Registered: true}, false, ""},
+		{refused, true, ""},
+		{refused, false, "NRI enrolment refused: containerd v2.1.4"},
+		{nri.State{Err: "dial unix /var/run/nri/nri.sock: connect: no such file or directory"}, true, "not registered with the runtime's NRI: dial"},
+		{nri.State{}, false, "not registered with the runtime's NRI yet"},
+	} {
+		err := nriReady(c.s, c.auto)
+		if (c.want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), c.want) {
+			t.Errorf("nriReady(%+v, auto %v) = %v; want %q", c.s, c.auto, err, c.want)
+		}
 	}
 }
