@@ -173,6 +173,8 @@ type daemon struct {
 	plugin *nri.Plugin
 	cancel context.CancelFunc
 	done   chan struct{}
+	// stop stops the daemon's parts; the test's cleanup does too.
+	stop func()
 }
 
 // apiPod is a pod of the node as the API has it.
@@ -188,7 +190,7 @@ func apiPod(ns, name string, annotations map[string]string) *corev1.Pod {
 // namespace "mesh" labelled into the mesh and "plain" not, and every pod
 // of objs; each sandbox's namespace exists on the node. The plugin is
 // not connected yet (connect).
-func startDaemon(t *testing.T, objs ...*corev1.Pod) *daemon {
+func startDaemon(t testing.TB, objs ...*corev1.Pod) *daemon {
 	t.Helper()
 	all := []k8sruntime.Object{
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "mesh", Labels: map[string]string{kube.DefaultModeLabel: kube.DefaultModeEnabled}}},
@@ -229,13 +231,17 @@ func startDaemon(t *testing.T, objs ...*corev1.Pod) *daemon {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
-	t.Cleanup(func() {
-		d.cancel()
-		if d.done != nil {
-			<-d.done
-		}
-		agent.Close()
-	})
+	var once sync.Once
+	d.stop = func() {
+		once.Do(func() {
+			d.cancel()
+			if d.done != nil {
+				<-d.done
+			}
+			agent.Close()
+		})
+	}
+	t.Cleanup(d.stop)
 	if err := agent.Start(ctx, d.pods); err != nil {
 		t.Fatal(err)
 	}
@@ -306,14 +312,17 @@ func (d *daemon) enrolled(t *testing.T, pod *api.PodSandbox) string {
 
 // testLog is a logger writing to t's log until the test ends: the
 // agent's and the plugin's goroutines may outlive it by a moment.
-func testLog(t *testing.T, name string) hclog.Logger {
+func testLog(t testing.TB, name string) hclog.Logger {
+	if _, bench := t.(*testing.B); bench {
+		return hclog.NewNullLogger()
+	}
 	w := &testWriter{t: t}
 	t.Cleanup(w.close)
 	return hclog.New(&hclog.LoggerOptions{Name: name, Level: hclog.Debug, Output: w})
 }
 
 type testWriter struct {
-	t      *testing.T
+	t      testing.TB
 	mu     sync.Mutex
 	closed bool
 }
