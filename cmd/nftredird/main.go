@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"slices"
 	"syscall"
@@ -21,6 +22,7 @@ import (
 	"github.com/nftredir/nftredir/capture"
 	"github.com/nftredir/nftredir/cmd/internal/selftest"
 	"github.com/nftredir/nftredir/internal/defaults"
+	"github.com/nftredir/nftredir/internal/durable"
 	"github.com/nftredir/nftredir/internal/health"
 	"github.com/nftredir/nftredir/internal/peercred"
 	"github.com/nftredir/nftredir/internal/podowner"
@@ -258,7 +260,9 @@ func serve(opts *options, root hclog.Logger) (uninstalled bool, err error) {
 	cfg.Pods = pods
 	var door *nri.Plugin
 	if kc != nil && opts.enrolment != defaults.EnrolmentCNI {
-		door, err = nri.New(nri.Config{Pods: pods, Socket: opts.nriSocket, Logger: root.Named("nri"), Delay: nriTestDelay()})
+		nlog := root.Named("nri")
+		door, err = nri.New(nri.Config{Pods: pods, Socket: opts.nriSocket, Logger: nlog, Delay: nriTestDelay(),
+			OnChange: func(s nri.State) { noteGate(opts.nriGateFile, s, nlog) }})
 		if err != nil {
 			return false, err
 		}
@@ -379,6 +383,28 @@ func connectNRI(ctx context.Context, door *nri.Plugin, opts *options, root hclog
 	case <-time.After(nriFirstWait):
 		log.Warn("no answer from the runtime's NRI yet; serving, and still trying", "socket", opts.nriSocket, "waited", nriFirstWait)
 	case <-ctx.Done():
+	}
+}
+
+// noteGate keeps the gate file true to the plugin's state for the CNI
+// install step: written once the plugin is registered with a runtime
+// whose validator holds pods back, removed once it refuses the runtime.
+// A connection that merely ends leaves it: the validator holds pods back
+// while the daemon is away, which is the gate.
+func noteGate(path string, s nri.State, log hclog.Logger) {
+	var err error
+	switch {
+	case s.Registered && s.Gate != nil && s.Gate.Validator:
+		if _, serr := os.Stat(path); serr != nil {
+			if err = os.MkdirAll(filepath.Dir(path), 0o755); err == nil {
+				err = durable.WriteFile(path, []byte(s.Gate.String()+"\n"))
+			}
+		}
+	case s.Refused != "":
+		err = durable.Remove(path)
+	}
+	if err != nil {
+		log.Warn("cannot update the NRI gate file; the CNI install step keeps its last door", "file", path, "error", err)
 	}
 }
 

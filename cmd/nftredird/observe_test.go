@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -189,5 +190,33 @@ func TestNRIReady(t *testing.T) {
 		if (c.want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), c.want) {
 			t.Errorf("nriReady(%+v, auto %v) = %v; want %q", c.s, c.auto, err, c.want)
 		}
+	}
+}
+
+// The gate file follows the plugin: written once registered with a
+// runtime whose validator holds pods back, kept while the connection is
+// down (the validator is the gate then), removed once the runtime is
+// refused.
+func TestNoteGate(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "run", "nri-gate")
+	log := hclog.NewNullLogger()
+	gated := nri.GateOf("containerd", "v2.4.2", "v0.12.3")
+	exists := func() bool { _, err := os.Stat(path); return err == nil }
+	noteGate(path, nri.State{Gate: &gated}, log)
+	if exists() {
+		t.Fatal("gate file written before the plugin registered")
+	}
+	noteGate(path, nri.State{Registered: true, Gate: &gated}, log)
+	if !exists() {
+		t.Fatal("no gate file once registered")
+	}
+	noteGate(path, nri.State{Gate: &gated, Err: "the runtime closed the connection"}, log)
+	if !exists() {
+		t.Fatal("gate file removed when the connection ended")
+	}
+	old := nri.GateOf("containerd", "v2.1.4", "")
+	noteGate(path, nri.State{Gate: &old, Refused: "containerd v2.1.4 has no NRI validator"}, log)
+	if exists() {
+		t.Fatal("gate file kept after the runtime was refused")
 	}
 }

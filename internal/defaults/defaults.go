@@ -178,3 +178,9 @@ const (
 // must start while nftredird is away: its own pod, and the node's static
 // pods. It is the NRI project's documented example key.
 const NRITolerateAnnotation = "tolerate-missing-nri-plugins.noderesource.dev"
+
+// NRIGateFile is where nftredird notes, for the CNI install step, that
+// it is registered with a runtime whose NRI validator holds pods back
+// while it is away: the plugin need not be chained any more. On the
+// host's /run, which both containers of the DaemonSet mount.
+const NRIGateFile = "/run/nftredir/nri-gate"
