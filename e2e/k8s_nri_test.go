@@ -197,12 +197,11 @@ func TestK8sNRISlowHook(t *testing.T) {
 	})
 	m.CreateNamespace(t, "mesh", map[string]string{meshLabel: meshEnabled})
 	start := time.Now()
-	p := m.createPod(t, "mesh", "slow")
-	p = m.WaitPodReady(t, "mesh", "slow")
+	m.createPod(t, "mesh", "slow")
+	p := m.WaitPodReady(t, "mesh", "slow")
 	m.wantCapturedBeforeContainers(t, p)
 	if n := strings.Count(m.daemonLog(5000), "Synchronize: every pod in line"); n < 2 {
 		t.Errorf("%d Synchronize in the daemon's log; want a second one, after the slow hook got the plugin disconnected", n)
 	}
 	t.Logf("mesh/slow Ready and captured %s after its creation, its RunPodSandbox held 1.5s against a 1s timeout", time.Since(start).Round(time.Millisecond))
 }
-
