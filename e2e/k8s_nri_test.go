@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -170,6 +171,56 @@ func TestK8sNRI(t *testing.T) {
 		if took > 10*time.Second {
 			t.Errorf("mesh/held took %s after nftredird's return to start; want at most 10s", took.Round(time.Millisecond))
 		}
+	})
+
+	t.Run("containerd restarts: the plugin connects again", func(t *testing.T) {
+		m.RestartContainerd(t)
+		// Made at once: whether its sandbox comes before the plugin is
+		// back (Synchronize) or after (RunPodSandbox), it is captured
+		// before any container.
+		m.createPod(t, "mesh", "after-restart")
+		p := m.WaitPodReady(t, "mesh", "after-restart")
+		m.wantCapturedBeforeContainers(t, p)
+	})
+
+	t.Run("a full Synchronize: pods started while the daemon was down", func(t *testing.T) {
+		const n = 20
+		m.daemon.kill(t)
+		down := true
+		defer func() {
+			if down {
+				m.daemon.start(t)
+			}
+		}()
+		var pods []*corev1.Pod
+		for i := range n {
+			ns := "mesh"
+			if i%2 == 1 {
+				ns = "open"
+			}
+			pods = append(pods, m.createPod(t, ns, fmt.Sprintf("burst-%d", i)))
+		}
+		for _, p := range pods {
+			m.WaitPod(t, p.Namespace, p.Name, kcluster.DefaultTimeout, "refused by the NRI validator", refusedByValidator)
+		}
+		m.daemon.start(t)
+		down = false
+		back := time.Now()
+		for _, p := range pods {
+			p = m.WaitPodReady(t, p.Namespace, p.Name)
+			if p.Namespace == "mesh" {
+				m.wantCapturedBeforeContainers(t, p)
+			} else if rec := m.enrolled(t, p.UID); rec != nil {
+				t.Errorf("%s/%s enrolled: %v", p.Namespace, p.Name, rec)
+			}
+		}
+		var sync string
+		for _, l := range strings.Split(m.daemonLog(3000), "\n") {
+			if strings.Contains(l, "Synchronize: every pod in line") {
+				sync = l
+			}
+		}
+		t.Logf("%d pods (%d in the mesh) held while nftredird was down, all Ready %s after it was back; its Synchronize: %s", n, n/2, time.Since(back).Round(time.Millisecond), sync)
 	})
 
 	t.Run("released at StopPodSandbox", func(t *testing.T) {
