@@ -256,3 +256,44 @@ func TestK8sNRISlowHook(t *testing.T) {
 	}
 	t.Logf("mesh/slow Ready and captured %s after its creation, its RunPodSandbox held 1.5s against a 1s timeout", time.Since(start).Round(time.Millisecond))
 }
+
+// TestK8sChartNRI installs the chart with enrolment.via nri on a node
+// whose containerd requires the plugin: the DaemonSet's own pod starts
+// (it carries the validator's tolerate annotation), the install step
+// takes nftredir-cni out of the network once the daemon has written its
+// gate file, and a mesh pod is captured with no plugin in the chain.
+func TestK8sChartNRI(t *testing.T) {
+	c := startClusterWith(t, kcluster.Options{NRI: kcluster.NRIOptions{Validator: &kcluster.NRIValidator{
+		RequiredPlugins: []string{defaults.NRIPluginName}, TolerateMissingPluginsAnnotation: defaults.NRITolerateAnnotation,
+	}}})
+	if filepath.Base(c.NRISocket) != filepath.Base(defaults.NRISocket) {
+		t.Fatalf("the cluster's NRI socket %s is not named as the chart dials it (%s)", c.NRISocket, defaults.NRISocket)
+	}
+	h := newDSHost(t, c)
+	ci := installChart(t, c, h, map[string]any{
+		"enrolment": map[string]any{"via": defaults.EnrolmentNRI},
+		"hostPaths": map[string]any{"nriDir": filepath.Dir(c.NRISocket)},
+		// No node probe table: the test's root dial from the node is then
+		// captured like any client's.
+		"kubeletUID": nil,
+	})
+	gate := filepath.Join(h.run, filepath.Base(defaults.NRIGateFile))
+	deadline := time.Now().Add(kcluster.DefaultTimeout)
+	for {
+		types, _ := conflistTypes(t, c)
+		_, err := os.Stat(gate)
+		if err == nil && slices.Equal(types, []string{"bridge"}) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("gate file %s: %v; network plugins %v; want the gate written and nftredir-cni taken out", gate, err, types)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("DaemonSet pod Ready %s after helm install; the install step took nftredir-cni out of the network once the daemon registered", ci.Took.Round(time.Millisecond))
+	m := &meshCluster{Cluster: c, api: ci.API}
+	m.CreateNamespace(t, "mesh", map[string]string{meshLabel: meshEnabled})
+	p := m.CreatePod(t, m.StandinPod(t, "mesh", "web", 0, m.NodeName, "app", "-port", "8080", "-name", "web"))
+	p = m.WaitPodReady(t, p.Namespace, p.Name)
+	m.wantCapturedBeforeContainers(t, p)
+}
