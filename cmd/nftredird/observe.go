@@ -152,13 +152,12 @@ func serveHTTP(opts *options, ready []health.Check, m *metrics.Metrics, root hcl
 
 // nriReady is readiness under NRI enrolment: the plugin registered with
 // the runtime, whose validator then lets pods' containers start. With
-// auto, a runtime the plugin refuses is ready too: the CNI chain is the
-// node's gate there.
+// auto the node is ready either way: until the plugin registers with a
+// runtime that holds pods back (the gate file), the install step keeps
+// the CNI chain, the node's gate then, and the ready file says so.
 func nriReady(s nri.State, auto bool) error {
 	switch {
-	case s.Registered:
-		return nil
-	case s.Refused != "" && auto:
+	case s.Registered || auto:
 		return nil
 	case s.Refused != "":
 		return fmt.Errorf("NRI enrolment refused: %s; use --enrolment cni or auto", s.Refused)
