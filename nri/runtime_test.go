@@ -46,7 +46,7 @@ const node = "node-1"
 // and containers it holds, and its default validator requiring the
 // plugin.
 type runtime struct {
-	t      *testing.T
+	t      testing.TB
 	r      *nriruntime.Adaptation
 	socket string
 
@@ -59,7 +59,7 @@ type runtime struct {
 // startRuntime starts a runtime that says it is name at version, serving
 // NRI on socket (a new one in a temporary directory when ""), holding
 // running the pods of running (each with a container "app").
-func startRuntime(t *testing.T, name, version, socket string, running ...*api.PodSandbox) *runtime {
+func startRuntime(t testing.TB, name, version, socket string, running ...*api.PodSandbox) *runtime {
 	t.Helper()
 	if socket == "" {
 		socket = filepath.Join(t.TempDir(), "nri.sock")
@@ -250,7 +250,7 @@ func startDaemon(t testing.TB, objs ...*corev1.Pod) *daemon {
 
 // connect runs the plugin against rt's socket and returns the outcome of
 // its first connection.
-func (d *daemon) connect(t *testing.T, rt *runtime, mod func(*nri.Config)) error {
+func (d *daemon) connect(t testing.TB, rt *runtime, mod func(*nri.Config)) error {
 	t.Helper()
 	cfg := nri.Config{
 		Pods:   d.pods,
