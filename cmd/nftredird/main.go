@@ -433,10 +433,12 @@ func (kc *kubeConn) untainter(opts *options, ready []health.Check, root hclog.Lo
 const uninstallTimeBudget = 15 * time.Second
 
 // uninstallIfDeleted asks whether the daemon's DaemonSet is being deleted
-// and, if so and --uninstall-release-pods, releases every captured pod
-// and removes the records. It returns whether the node probe table should
-// go too: only when no captured pod is left, whose kubelet probes it
-// keeps working. On any doubt it leaves everything: a stop that is not an
+// and, if so and --uninstall-release-pods, releases every pod it may hold
+// and removes the state directory, unless something in it may still stand
+// for a captured pod that this daemon cannot release (lifecycle's
+// ClearState). It returns whether the node probe table should go too:
+// only when no captured pod is left, whose kubelet probes it keeps
+// working. On any doubt it leaves everything: a stop that is not an
 // uninstall must never release a pod.
 func (kc *kubeConn) uninstallIfDeleted(opts *options, pods *lifecycle.Manager, log hclog.Logger) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), uninstallTimeBudget)
@@ -459,8 +461,11 @@ func (kc *kubeConn) uninstallIfDeleted(opts *options, pods *lifecycle.Manager, l
 		log.Error("some captured pods could not be released; their records and the probe table stay", "released", n, "error", err)
 		return false
 	}
-	if err := os.RemoveAll(opts.stateDir); err != nil {
-		log.Warn("cannot remove the state directory", "dir", opts.stateDir, "error", err)
+	if err := pods.ClearState(); err != nil {
+		// A pod this daemon could not release may still be captured, and
+		// its kubelet probes need the node table.
+		log.Error("captured pods released, but the state directory and the probe table stay", "dir", opts.stateDir, "released", n, "error", err)
+		return false
 	}
 	log.Info("captured pods released, records removed", "released", n)
 	return true
