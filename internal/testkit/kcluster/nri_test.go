@@ -144,8 +144,11 @@ func TestNRI(t *testing.T) {
 	}
 
 	rec := &nriRecorder{ran: map[string]*api.PodSandbox{}}
+	connected := time.Now()
 	stop := connectNRIPlugin(t, c, plugin, rec)
 	c.WaitPodReady(t, ns, "early")
+	// How long a refused pod waits for the kubelet's next CreateContainer.
+	t.Logf("pod early Ready %s after the plugin started connecting", time.Since(connected).Round(time.Millisecond))
 	if !rec.synced(0, ns+"/early") {
 		t.Errorf("no Synchronize listed pod early: %v", rec)
 	}
