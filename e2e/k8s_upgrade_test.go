@@ -256,7 +256,12 @@ func (r *rollout) String() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ms := func(d time.Duration) string { return "+" + d.Round(10*time.Millisecond).String() }
-	return fmt.Sprintf("old pod stopping at %s and gone at %s, new pod %s seen at %s and Ready at %s", ms(r.stopping), ms(r.gone), r.newName, ms(r.newSeen), ms(r.newReady))
+	s := fmt.Sprintf("old pod stopping at %s and gone at %s, new pod %s seen at %s and Ready at %s", ms(r.stopping), ms(r.gone), r.newName, ms(r.newSeen), ms(r.newReady))
+	if r.pollErrors > 0 {
+		// The times above are then late by up to a poll each.
+		s += fmt.Sprintf(" (%d polls of the API failed)", r.pollErrors)
+	}
+	return s
 }
 
 // enrolledLine is the plugin's log line of a pod its ADD enrolled (hclog's
@@ -446,7 +451,7 @@ func (u *chartUpgrade) step(t *testing.T, prefix string, helmArgs []string, imag
 	starter.stop()
 	ro.stop()
 	end := time.Now()
-	t.Logf("%s: %s", strings.Join(helmArgs[:1], " "), strings.TrimSpace(out))
+	t.Logf("helm %s: %s", helmArgs[0], strings.TrimSpace(out))
 	t.Logf("helm %s returned %s after it began; %s (relative to the pods' start, helm began at +%s); DaemonSet pod replaced and Ready %s after helm began",
 		helmArgs[0], helmTook.Round(time.Millisecond), ro, helmStart.Sub(start).Round(10*time.Millisecond), replaced.Sub(helmStart).Round(time.Millisecond))
 
