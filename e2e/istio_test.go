@@ -50,7 +50,7 @@ func startIstioMesh(t *testing.T) *istioMesh {
 	c := startCluster(t)
 	im := &istioMesh{istiod: istiotest.StartIstiod(t, c, bins)}
 	h := newDSHost(t, c)
-	im.chart = installChart(t, c, h, nil)
+	im.chart = installChart(t, c, h, withProxy)
 	t.Logf("nftredir DaemonSet pod %s Ready %s after helm install", im.chart.Pod.Name, im.chart.Took.Round(time.Millisecond))
 	im.meshCluster = &meshCluster{Cluster: c, api: im.chart.API, zds: h.zdsSocket(), cniLog: h.cniLog}
 	im.ztunnel = istiotest.StartZtunnel(t, c, bins, im.istiod, h.zdsSocket())

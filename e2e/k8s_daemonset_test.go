@@ -61,6 +61,10 @@ func writeDSValues(t *testing.T, c *kcluster.Cluster, h dsHost) string {
 	t.Helper()
 	values := map[string]any{
 		"image": map[string]any{"pullPolicy": "Never"},
+		// No node proxy runs unless the test starts one (then it installs
+		// withProxy): with the chart's default every mesh pod would wait
+		// for a ZDS proxy's ack that never comes.
+		"zdsRequireAck": false,
 		"hostPaths": map[string]any{
 			"cniBinDirs": []string{c.CNIBinDir, h.cniBinLib},
 			"cniConfDir": c.CNIConfDir,

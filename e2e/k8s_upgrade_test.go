@@ -380,7 +380,8 @@ const (
 	firstThrough firstOutcome = iota
 	// firstRefused: refused inside the pod, by the capture's redirect to
 	// a proxy port nothing listened on yet (the proxy had not been handed
-	// the pod). Captured: an uncaptured connection reaches the target,
+	// the pod), which zdsRequireAck rules out. Captured: an uncaptured
+	// connection reaches the target,
 	// which answers every connection (the flows show it reachable), and
 	// only a local port with no listener refuses.
 	firstRefused
@@ -533,7 +534,10 @@ func (u *chartUpgrade) step(t *testing.T, prefix string, helmArgs []string, imag
 			counts[o]++
 			switch o {
 			case firstRefused:
+				// The chart's zdsRequireAck holds a sandbox until the
+				// proxy has the pod: none may start before.
 				refusedAt = append(refusedAt, fmt.Sprintf("%s enrolled at +%s", p.Name, adds[p.Name].at.Sub(start).Round(10*time.Millisecond)))
+				t.Errorf("pod %s started before the node proxy had it: its app's first connection to %s was refused by the capture", p.Name, fc.To)
 			case firstDirect:
 				t.Errorf("pod %s started uncaptured: its app's first connection to %s reached %q", p.Name, fc.To, fc.Answer)
 			case firstFailed:
@@ -638,7 +642,7 @@ func TestK8sUpgrade(t *testing.T) {
 	buildUpgradeImage(t)
 	c := startCluster(t)
 	h := newDSHost(t, c)
-	ci := installChart(t, c, h, nil)
+	ci := installChart(t, c, h, withProxy)
 	t.Logf("nftredir DaemonSet pod %s Ready %s after helm install", ci.Pod.Name, ci.Took.Round(time.Millisecond))
 	m := &meshCluster{Cluster: c, api: ci.API, cniLog: h.cniLog}
 	proxy := startZDSStandin(t, h.zdsSocket())
