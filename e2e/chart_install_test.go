@@ -88,13 +88,17 @@ func installChart(t *testing.T, c *kcluster.Cluster, h dsHost, extra map[string]
 
 // restartPod deletes the DaemonSet's pod, as `kubectl delete pod` does,
 // and waits until its replacement is Ready; it returns how long that took
-// from the delete.
-func (ci *chartInstall) restartPod(t *testing.T) time.Duration {
+// from the delete. afterDelete, if not nil, runs right after the delete,
+// with the old pod's name.
+func (ci *chartInstall) restartPod(t *testing.T, afterDelete func(old string)) time.Duration {
 	t.Helper()
 	old := ci.Pod.Name
 	start := time.Now()
 	if err := ci.c.Client.CoreV1().Pods(dsNamespace).Delete(t.Context(), old, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
+	}
+	if afterDelete != nil {
+		afterDelete(old)
 	}
 	ci.Pod = waitDSPodReady(t, ci.c, old)
 	return time.Since(start)

@@ -19,17 +19,26 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/nftredir/nftredir/capture/capturetest"
+	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/internal/testkit/istiotest"
 	"github.com/nftredir/nftredir/internal/testkit/kcluster"
 	"github.com/nftredir/nftredir/internal/testkit/nstest"
 	"github.com/nftredir/nftredir/kube"
 )
 
+// istioDoors are the ways the runtime hands new pods to nftredir, and the
+// Istio suite runs on each: the chained nftredir-cni, and the runtime's
+// NRI (containerd 2.4 with its validator requiring nftredir, no plugin in
+// the chain).
+var istioDoors = []string{defaults.EnrolmentCNI, defaults.EnrolmentNRI}
+
 // istioMesh is a cluster with stock istiod and ztunnel and nftredir
 // installed from its chart, as the README tells users: ztunnel is the
 // DaemonSet daemon's ZDS peer, istiod its control plane.
 type istioMesh struct {
 	*meshCluster
+	// door is how new pods reach nftredir: one of istioDoors.
+	door    string
 	chart   *chartInstall
 	istiod  *istiotest.Istiod
 	ztunnel *istiotest.Ztunnel
@@ -37,9 +46,11 @@ type istioMesh struct {
 
 // startIstioMesh starts the cluster, istiod, nftredir (installChart: the
 // DaemonSet from charts/nftredir, the image imported into containerd)
-// and ztunnel as a host process on the node, connected to the
-// DaemonSet's ZDS socket.
-func startIstioMesh(t *testing.T) *istioMesh {
+// enrolling new pods through door, and ztunnel as a host process on the
+// node, connected to the DaemonSet's ZDS socket. Through NRI, containerd
+// requires nftredir (docs/nri.md), and the mesh is up once nftredir-cni
+// is out of the chain.
+func startIstioMesh(t *testing.T, door string) *istioMesh {
 	t.Helper()
 	nstest.RequirePrivileged(t)
 	if os.Getenv(skipK8sEnv) == "1" {
@@ -47,11 +58,24 @@ func startIstioMesh(t *testing.T) *istioMesh {
 	}
 	bins := istiotest.Require(t)
 	begin := time.Now()
-	c := startCluster(t)
-	im := &istioMesh{istiod: istiotest.StartIstiod(t, c, bins)}
+	var opts kcluster.Options
+	var values map[string]any
+	if door == defaults.EnrolmentNRI {
+		opts.NRI.Validator = nriValidator()
+	}
+	c := startClusterWith(t, opts)
+	if door == defaults.EnrolmentNRI {
+		values = nriChartValues(t, c)
+	}
+	im := &istioMesh{door: door, istiod: istiotest.StartIstiod(t, c, bins)}
 	h := newDSHost(t, c)
-	im.chart = installChart(t, c, h, nil)
+	im.chart = installChart(t, c, h, values)
 	t.Logf("nftredir DaemonSet pod %s Ready %s after helm install", im.chart.Pod.Name, im.chart.Took.Round(time.Millisecond))
+	if door == defaults.EnrolmentNRI {
+		ready := time.Now()
+		waitNRIDoor(t, c, h)
+		t.Logf("NRI: gate file written and nftredir-cni out of the chain %s after the DaemonSet pod was Ready", time.Since(ready).Round(time.Millisecond))
+	}
 	im.meshCluster = &meshCluster{Cluster: c, api: im.chart.API, zds: h.zdsSocket(), cniLog: h.cniLog}
 	im.ztunnel = istiotest.StartZtunnel(t, c, bins, im.istiod, h.zdsSocket())
 	t.Logf("Istio mesh up in %s", time.Since(begin).Round(time.Millisecond))
@@ -183,11 +207,18 @@ func (im *istioMesh) certIdentities(t *testing.T) (ids map[string]string, verify
 // TestIstioAmbientMesh runs a real ambient mesh on nftredir installed from
 // its chart: stock istiod issues the identities and pushes Services and
 // policy, stock ztunnel gets the pods from the DaemonSet's daemon over ZDS
-// and carries their traffic as HBONE. One cluster serves every check; the
-// restarts come last.
+// and carries their traffic as HBONE. It runs once per door (istioDoors):
+// pods enrolled by the chained CNI plugin, and by the runtime's NRI. In
+// each, one cluster serves every check; the restarts come last.
 func TestIstioAmbientMesh(t *testing.T) {
+	for _, door := range istioDoors {
+		t.Run(door, func(t *testing.T) { testIstioAmbientMesh(t, door) })
+	}
+}
+
+func testIstioAmbientMesh(t *testing.T, door string) {
 	begin := time.Now()
-	im := startIstioMesh(t)
+	im := startIstioMesh(t, door)
 	const ns = "mesh"
 	im.CreateNamespace(t, ns, map[string]string{meshLabel: meshEnabled})
 	im.CreateNamespace(t, "outside", nil)
@@ -229,6 +260,15 @@ func TestIstioAmbientMesh(t *testing.T) {
 	serverAddr := netip.AddrPortFrom(ip(server), 8080).String()
 	clientID, serverID, otherID := istiotest.SPIFFE(ns, "client-sa"), istiotest.SPIFFE(ns, "server-sa"), istiotest.SPIFFE(ns, "other-sa")
 	t.Logf("pods Ready, enrolled and annotated %s after the test's start", time.Since(begin).Round(time.Millisecond))
+	if door == defaults.EnrolmentNRI {
+		// Through NRI alone: each was enrolled at its RunPodSandbox,
+		// before the runtime created its containers, and nftredir-cni
+		// never ran for it.
+		for _, name := range []string{"server", "client", "other", "bypass", "nodns"} {
+			im.wantEnrolledBeforeContainers(t, pods[name])
+			wantNoCNIAdd(t, im.cniLog, pods[name])
+		}
+	}
 
 	t.Run("mesh pods get istiod-issued identities", func(t *testing.T) {
 		// ztunnel fetches a certificate per local workload's identity
@@ -414,7 +454,7 @@ func TestIstioAmbientMesh(t *testing.T) {
 		t.Logf("ztunnel config_dump:\n%s", im.ztunnel.ConfigDump(t))
 		os.Stdout.Sync()
 	}
-	t.Logf("TestIstioAmbientMesh took %s", time.Since(begin).Round(time.Millisecond))
+	t.Logf("TestIstioAmbientMesh through %s took %s", door, time.Since(begin).Round(time.Millisecond))
 }
 
 // restartsKeepCapture probes the server every 100 ms from the allowed
@@ -460,7 +500,17 @@ func (im *istioMesh) restartsKeepCapture(t *testing.T, server, client, other, ou
 	steady := time.Now()
 	report("steady, before the restarts", start, steady)
 
-	took := im.chart.restartPod(t)
+	// Through NRI, a mesh pod made while nftredir is away waits at the
+	// runtime's validator and is captured by the new daemon's
+	// Synchronize, before ztunnel's first snapshot of it.
+	var away *corev1.Pod
+	took := im.chart.restartPod(t, func(old string) {
+		if im.door != defaults.EnrolmentNRI {
+			return
+		}
+		im.WaitPodGone(t, dsNamespace, old)
+		away = im.createPod(t, server.Namespace, "away", func(p *corev1.Pod) { p.Spec.ServiceAccountName = client.Spec.ServiceAccountName })
+	})
 	// Capture in the pods never depended on the daemon; ztunnel
 	// reconnects to the new one and takes its snapshot.
 	allowed.waitRun(t, steady.Add(took), 10, 60*time.Second, answered)
@@ -471,6 +521,9 @@ func (im *istioMesh) restartsKeepCapture(t *testing.T, server, client, other, ou
 	t.Logf("nftredir's DaemonSet pod deleted; %s Ready %s later; ephemeral ports of the server's namespace %s", im.chart.Pod.Name, took.Round(time.Millisecond), eph)
 	t.Logf("the new daemon's ZDS: %s", im.waitSnapshots(t, 1))
 	report("nftredir pod deleted, back, 10 answers in a row", steady, mid)
+	if away != nil {
+		im.awayPodCaptured(t, away, to)
+	}
 
 	// Down for 3 s, as a replacement pod would leave the node: the
 	// pods' rules then point at listeners that are gone, and every try
@@ -497,34 +550,75 @@ func (im *istioMesh) restartsKeepCapture(t *testing.T, server, client, other, ou
 	}
 }
 
+// awayPodCaptured checks the pod made while nftredir's DaemonSet pod was
+// replaced, under NRI enrolment: the validator held its containers back
+// until the new daemon had enrolled it, and ztunnel, which had it from
+// that daemon, carries its connection to the server (at to) under its own
+// identity.
+func (im *istioMesh) awayPodCaptured(t *testing.T, away *corev1.Pod, to string) {
+	t.Helper()
+	away = im.WaitPodReady(t, away.Namespace, away.Name)
+	held := false
+	for _, e := range im.PodEvents(t, away.Namespace, away.Name) {
+		if strings.Contains(e.Message, `required plugin "`+defaults.NRIPluginName+`" not present`) {
+			held = true
+		}
+	}
+	rec := im.wantEnrolledBeforeContainers(t, away)
+	wantNoCNIAdd(t, im.cniLog, away)
+	ns := im.podNetns(t, away)
+	waitAnswer(t, ns, to, "server")
+	line := im.ztunnel.WaitLog(t, 10*time.Second, "connection complete", "src.addr="+away.Status.PodIP+":", "src.identity=", istiotest.SPIFFE(away.Namespace, away.Spec.ServiceAccountName))
+	t.Logf("pod %s made while nftredir's pod was replaced: held by the validator first: %v; enrolled at %s, before its containers; ztunnel: %s", away.Name, held, rec.GetEnrolledAt().AsTime().Format(time.RFC3339Nano), line)
+}
+
 // waitSnapshots waits until the DaemonSet's current daemon has sent n ZDS
 // snapshots (one per ztunnel connection), the last one holding every pod
-// it has enrolled, and returns its log lines about them.
+// it had enrolled when it sent it, and returns its log lines about them.
+// A pod enrolled after the snapshot reaches the proxy as an update of its
+// own.
 func (im *istioMesh) waitSnapshots(t *testing.T, n int) string {
 	t.Helper()
 	var lines []string
 	var want int
+	var problem error
 	waitUntil(t, fmt.Sprintf("%d ZDS snapshots from %s", n, im.chart.Pod.Name), 30*time.Second, func() bool {
-		pods, err := im.api.ListPods(t.Context())
-		if err != nil {
-			return false
-		}
-		want = len(pods)
 		lines = nil
+		var sent []string
 		for _, l := range strings.Split(im.PodLogs(t, dsNamespace, im.chart.Pod.Name, "nftredird"), "\n") {
 			if strings.Contains(l, "node proxy connected") || strings.Contains(l, "snapshot sent") {
 				lines = append(lines, l)
 			}
-		}
-		var sent []string
-		for _, l := range lines {
 			if strings.Contains(l, "snapshot sent") {
 				sent = append(sent, l)
 			}
 		}
-		return len(sent) >= n && strings.Contains(sent[len(sent)-1], fmt.Sprintf(`"pods":%d`, want))
+		if len(sent) < n {
+			return false
+		}
+		var last struct {
+			At   time.Time `json:"@timestamp"`
+			Pods int       `json:"pods"`
+		}
+		if problem = json.Unmarshal([]byte(sent[len(sent)-1]), &last); problem != nil {
+			return true
+		}
+		pods, err := im.api.ListPods(t.Context())
+		if err != nil {
+			return false
+		}
+		want = 0
+		for _, p := range pods {
+			if p.GetEnrolledAt().AsTime().Before(last.At) {
+				want++
+			}
+		}
+		return last.Pods == want
 	})
-	return fmt.Sprintf("%d pods enrolled; log:\n%s", want, strings.Join(lines, "\n"))
+	if problem != nil {
+		t.Fatalf("the last snapshot's log line: %v\n%s", problem, strings.Join(lines, "\n"))
+	}
+	return fmt.Sprintf("%d pods enrolled when the last snapshot was sent; log:\n%s", want, strings.Join(lines, "\n"))
 }
 
 // serverAllowsOnlyClient is the suites' L4 policy: in namespace ns, the

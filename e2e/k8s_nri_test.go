@@ -28,7 +28,7 @@ import (
 func startNRIMesh(t *testing.T, nri kcluster.NRIOptions, o daemonOpts) *meshCluster {
 	t.Helper()
 	dir := t.TempDir()
-	nri.Validator = &kcluster.NRIValidator{RequiredPlugins: []string{defaults.NRIPluginName}, TolerateMissingPluginsAnnotation: defaults.NRITolerateAnnotation}
+	nri.Validator = nriValidator()
 	c := startClusterWith(t, kcluster.Options{NRI: nri})
 	c.CreateNamespace(t, "nftredir-system", nil)
 	c.ApplyYAML(t, chartRBAC(t, c))
@@ -48,6 +48,61 @@ func startNRIMesh(t *testing.T, nri kcluster.NRIOptions, o daemonOpts) *meshClus
 		t.Fatalf("the pod network chains nftredir-cni: %s", c.Conflist())
 	}
 	return m
+}
+
+// nriValidator is containerd's default validator as docs/nri.md has the
+// operator configure it: nftredir required, nftredir's own pods tolerated.
+func nriValidator() *kcluster.NRIValidator {
+	return &kcluster.NRIValidator{RequiredPlugins: []string{defaults.NRIPluginName}, TolerateMissingPluginsAnnotation: defaults.NRITolerateAnnotation}
+}
+
+// nriChartValues are the chart's values for NRI enrolment on c: the daemon
+// dials the cluster's NRI socket.
+func nriChartValues(t *testing.T, c *kcluster.Cluster) map[string]any {
+	t.Helper()
+	if filepath.Base(c.NRISocket) != filepath.Base(defaults.NRISocket) {
+		t.Fatalf("the cluster's NRI socket %s is not named as the chart dials it (%s)", c.NRISocket, defaults.NRISocket)
+	}
+	return map[string]any{
+		"enrolment": map[string]any{"via": defaults.EnrolmentNRI},
+		"hostPaths": map[string]any{"nriDir": filepath.Dir(c.NRISocket)},
+	}
+}
+
+// waitNRIDoor waits until the chart's daemon has written its gate file
+// (registered with a runtime whose validator holds pods back) and the
+// install step has taken nftredir-cni out of the network, in the file and
+// in what containerd has loaded: from then on a new pod is enrolled
+// through NRI alone.
+func waitNRIDoor(t *testing.T, c *kcluster.Cluster, h dsHost) {
+	t.Helper()
+	gate := filepath.Join(h.run, filepath.Base(defaults.NRIGateFile))
+	deadline := time.Now().Add(kcluster.DefaultTimeout)
+	for {
+		types, _ := conflistTypes(t, c)
+		_, err := os.Stat(gate)
+		if err == nil && slices.Equal(types, []string{"bridge"}) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("gate file %s: %v; network plugins %v; want the gate written and nftredir-cni taken out", gate, err, types)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	waitCRINetwork(t, c, false)
+}
+
+// wantNoCNIAdd: nftredir-cni never ran for the pod (its log, when there is
+// one, does not name it).
+func wantNoCNIAdd(t *testing.T, cniLog string, p *corev1.Pod) {
+	t.Helper()
+	b, err := os.ReadFile(cniLog)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), string(p.UID)) {
+		t.Errorf("pod %s/%s went through nftredir-cni, which must not be in the chain under NRI enrolment:\n%s", p.Namespace, p.Name, b)
+	}
 }
 
 // refusedByValidator: the pod's container waits, refused by containerd's
@@ -90,6 +145,16 @@ func (m *meshCluster) containersOf(t *testing.T, p *corev1.Pod) []*runtimeapi.Co
 // its containers.
 func (m *meshCluster) wantCapturedBeforeContainers(t *testing.T, p *corev1.Pod) *nftredirv1.Pod {
 	t.Helper()
+	rec := m.wantEnrolledBeforeContainers(t, p)
+	m.proxyIn(t, rec)
+	wantCaptured(t, m.answer(t, p), p.Name)
+	return rec
+}
+
+// wantEnrolledBeforeContainers: the pod is enrolled, and was before the
+// runtime created any of the containers of its ready sandbox.
+func (m *meshCluster) wantEnrolledBeforeContainers(t *testing.T, p *corev1.Pod) *nftredirv1.Pod {
+	t.Helper()
 	rec := m.enrolled(t, p.UID)
 	if rec == nil {
 		t.Fatalf("pod %s/%s Ready but not enrolled", p.Namespace, p.Name)
@@ -104,8 +169,6 @@ func (m *meshCluster) wantCapturedBeforeContainers(t *testing.T, p *corev1.Pod) 
 			t.Errorf("pod %s/%s: container %s created at %s, before the pod was enrolled at %s", p.Namespace, p.Name, c.Metadata.Name, created.Format(time.RFC3339Nano), enrolled.Format(time.RFC3339Nano))
 		}
 	}
-	m.proxyIn(t, rec)
-	wantCaptured(t, m.answer(t, p), p.Name)
 	return rec
 }
 
@@ -263,33 +326,14 @@ func TestK8sNRISlowHook(t *testing.T) {
 // takes nftredir-cni out of the network once the daemon has written its
 // gate file, and a mesh pod is captured with no plugin in the chain.
 func TestK8sChartNRI(t *testing.T) {
-	c := startClusterWith(t, kcluster.Options{NRI: kcluster.NRIOptions{Validator: &kcluster.NRIValidator{
-		RequiredPlugins: []string{defaults.NRIPluginName}, TolerateMissingPluginsAnnotation: defaults.NRITolerateAnnotation,
-	}}})
-	if filepath.Base(c.NRISocket) != filepath.Base(defaults.NRISocket) {
-		t.Fatalf("the cluster's NRI socket %s is not named as the chart dials it (%s)", c.NRISocket, defaults.NRISocket)
-	}
+	c := startClusterWith(t, kcluster.Options{NRI: kcluster.NRIOptions{Validator: nriValidator()}})
 	h := newDSHost(t, c)
-	ci := installChart(t, c, h, map[string]any{
-		"enrolment": map[string]any{"via": defaults.EnrolmentNRI},
-		"hostPaths": map[string]any{"nriDir": filepath.Dir(c.NRISocket)},
-		// No node probe table: the test's root dial from the node is then
-		// captured like any client's.
-		"kubeletUID": nil,
-	})
-	gate := filepath.Join(h.run, filepath.Base(defaults.NRIGateFile))
-	deadline := time.Now().Add(kcluster.DefaultTimeout)
-	for {
-		types, _ := conflistTypes(t, c)
-		_, err := os.Stat(gate)
-		if err == nil && slices.Equal(types, []string{"bridge"}) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("gate file %s: %v; network plugins %v; want the gate written and nftredir-cni taken out", gate, err, types)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	values := nriChartValues(t, c)
+	// No node probe table: the test's root dial from the node is then
+	// captured like any client's.
+	values["kubeletUID"] = nil
+	ci := installChart(t, c, h, values)
+	waitNRIDoor(t, c, h)
 	t.Logf("DaemonSet pod Ready %s after helm install; the install step took nftredir-cni out of the network once the daemon registered", ci.Took.Round(time.Millisecond))
 	m := &meshCluster{Cluster: c, api: ci.API}
 	m.CreateNamespace(t, "mesh", map[string]string{meshLabel: meshEnabled})
