@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -105,6 +106,37 @@ func wantNoCNIAdd(t *testing.T, cniLog string, p *corev1.Pod) {
 	}
 }
 
+// handlerTimes are the times the daemon's NRI handler event took for the
+// pods of uids, from its JSON log's debug lines.
+func handlerTimes(t *testing.T, log, event string, uids map[string]bool) []time.Duration {
+	t.Helper()
+	var out []time.Duration
+	for _, l := range strings.Split(log, "\n") {
+		var line struct {
+			Message string          `json:"@message"`
+			Pod     string          `json:"pod"`
+			Took    json.RawMessage `json:"took"`
+		}
+		if json.Unmarshal([]byte(l), &line) != nil || line.Message != event || !uids[line.Pod] {
+			continue
+		}
+		var d time.Duration
+		var text string
+		switch {
+		case json.Unmarshal(line.Took, &d) == nil:
+		case json.Unmarshal(line.Took, &text) == nil:
+			var err error
+			if d, err = time.ParseDuration(text); err != nil {
+				t.Fatalf("took %q in %s", text, l)
+			}
+		default:
+			t.Fatalf("no time in %s", l)
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
 // refusedByValidator: the pod's container waits, refused by containerd's
 // NRI validator because nftredir is not registered.
 func refusedByValidator(p *corev1.Pod) bool {
@@ -191,6 +223,45 @@ func TestK8sNRI(t *testing.T) {
 			t.Errorf("open/plain enrolled: %v", rec)
 		}
 		wantDirect(t, m.answer(t, plain), "plain")
+	})
+
+	t.Run("a burst of sandboxes: each handled within the request timeout, captured before its containers", func(t *testing.T) {
+		// The runtime hands sandboxes to NRI plugins one at a time,
+		// node-wide: a burst queues at the plugin, and a handler that
+		// outlived the request timeout would get it disconnected (and
+		// a new Synchronize logged).
+		const n = 16
+		syncs := strings.Count(m.daemonLog(100000), "Synchronize: every pod in line")
+		var pods []*corev1.Pod
+		for i := range n {
+			ns := "mesh"
+			if i%2 == 1 {
+				ns = "open"
+			}
+			pods = append(pods, m.createPod(t, ns, fmt.Sprintf("rush-%d", i)))
+		}
+		uids := map[string]bool{}
+		for _, p := range pods {
+			p = m.WaitPodReady(t, p.Namespace, p.Name)
+			uids[string(p.UID)] = true
+			if p.Namespace == "mesh" {
+				m.wantEnrolledBeforeContainers(t, p)
+			} else if rec := m.enrolled(t, p.UID); rec != nil {
+				t.Errorf("%s/%s enrolled: %v", p.Namespace, p.Name, rec)
+			}
+		}
+		log := m.daemonLog(100000)
+		if now := strings.Count(log, "Synchronize: every pod in line"); now != syncs {
+			t.Errorf("%d Synchronize during the burst: the plugin was disconnected", now-syncs)
+		}
+		took := handlerTimes(t, log, "RunPodSandbox", uids)
+		if len(took) != n {
+			t.Errorf("%d RunPodSandbox in the daemon's log for the %d pods; want one each", len(took), n)
+		}
+		slices.Sort(took)
+		if len(took) > 0 {
+			t.Logf("%d pods (%d in the mesh) created at once: RunPodSandbox handled in p50 %s, max %s", n, n/2, took[len(took)/2].Round(time.Microsecond), took[len(took)-1].Round(time.Microsecond))
+		}
 	})
 
 	t.Run("daemon killed and kept down: no container starts; captured by Synchronize once back", func(t *testing.T) {
