@@ -73,7 +73,7 @@ func (p *Plugin) Run(ctx context.Context, first chan<- error) {
 
 // connect makes one connection and returns when it ends.
 func (p *Plugin) connect(ctx context.Context, first chan<- error) error {
-	s := newSession(p)
+	s := newSession(ctx, p)
 	st, err := stub.New(s,
 		stub.WithPluginName(p.name),
 		stub.WithPluginIdx(p.index),

@@ -27,6 +27,8 @@ const dialTimeout = 5 * time.Second
 // plugin once the connection has ended.
 type session struct {
 	*Plugin
+	// ctx is Run's: the daemon stopping ends the connection's dial.
+	ctx  context.Context
 	stub stub.Stub
 
 	// registered is closed once the runtime has answered the plugin's
@@ -42,8 +44,8 @@ type session struct {
 	conn      atomic.Pointer[net.Conn]
 }
 
-func newSession(p *Plugin) *session {
-	return &session{Plugin: p, registered: newCloser(), configured: newCloser(), synced: newCloser(), broken: newCloser()}
+func newSession(ctx context.Context, p *Plugin) *session {
+	return &session{Plugin: p, ctx: ctx, registered: newCloser(), configured: newCloser(), synced: newCloser(), broken: newCloser()}
 }
 
 // closer is a channel closed once, by whichever event comes first.
@@ -60,7 +62,7 @@ func (c *closer) done() <-chan struct{} { return c.c }
 // dial connects to the runtime's socket for the stub, keeping the
 // connection so that the session can close it and see it drop.
 func (s *session) dial(path string) (net.Conn, error) {
-	c, err := (&net.Dialer{Timeout: dialTimeout}).Dial("unix", path)
+	c, err := (&net.Dialer{Timeout: dialTimeout}).DialContext(s.ctx, "unix", path)
 	if err != nil {
 		return nil, err
 	}
