@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/nftredir/nftredir/client"
 	"github.com/nftredir/nftredir/internal/testkit/kcluster"
@@ -88,18 +90,47 @@ func installChart(t *testing.T, c *kcluster.Cluster, h dsHost, extra map[string]
 
 // restartPod deletes the DaemonSet's pod, as `kubectl delete pod` does,
 // and waits until its replacement is Ready; it returns how long that took
-// from the delete. afterDelete, if not nil, runs right after the delete,
-// with the old pod's name.
-func (ci *chartInstall) restartPod(t *testing.T, afterDelete func(old string)) time.Duration {
+// from the delete.
+func (ci *chartInstall) restartPod(t *testing.T) time.Duration {
 	t.Helper()
 	old := ci.Pod.Name
 	start := time.Now()
 	if err := ci.c.Client.CoreV1().Pods(dsNamespace).Delete(t.Context(), old, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if afterDelete != nil {
-		afterDelete(old)
-	}
 	ci.Pod = waitDSPodReady(t, ci.c, old)
 	return time.Since(start)
+}
+
+// awayLabel is a node label no node has: a DaemonSet selecting it runs on
+// none.
+const awayLabel = "nftredir.test/away"
+
+// awayFromNode takes the DaemonSet's pod off the node and keeps nftredir
+// away while during runs, as a DaemonSet that stops selecting the node
+// does (its nodeSelector given a label the node lacks), then selects the
+// node again and waits until the new pod is Ready. The DaemonSet lives
+// throughout, so the stopping daemon leaves every pod as it is.
+func (ci *chartInstall) awayFromNode(t *testing.T, during func()) {
+	t.Helper()
+	old := ci.Pod.Name
+	setAway := func(value string) {
+		t.Helper()
+		patch := fmt.Sprintf(`{"spec":{"template":{"spec":{"nodeSelector":{%q:%s}}}}}`, awayLabel, value)
+		if _, err := ci.c.Client.AppsV1().DaemonSets(dsNamespace).Patch(t.Context(), dsRelease, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatalf("patch DaemonSet %s/%s: %v", dsNamespace, dsRelease, err)
+		}
+	}
+	setAway(`"true"`)
+	back := false
+	defer func() {
+		if !back {
+			setAway("null")
+		}
+	}()
+	ci.c.WaitPodGone(t, dsNamespace, old)
+	during()
+	setAway("null")
+	back = true
+	ci.Pod = waitDSPodReady(t, ci.c, old)
 }

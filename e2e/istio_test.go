@@ -444,6 +444,15 @@ func testIstioAmbientMesh(t *testing.T, door string) {
 		t.Logf("outsider: ztunnel: %s", line)
 	})
 
+	if door == defaults.EnrolmentNRI {
+		t.Run("nftredir away: a new mesh pod waits at the validator, is captured by Synchronize before ztunnel's first snapshot", func(t *testing.T) {
+			if !policy {
+				t.Skip("needs the ALLOW policy")
+			}
+			im.awayPodWaits(t, ns, serverAddr, serverID)
+		})
+	}
+
 	t.Run("nftredir and ztunnel restarted under steady connections: never uncaptured", func(t *testing.T) {
 		if !policy {
 			t.Skip("needs the ALLOW policy")
@@ -455,6 +464,43 @@ func testIstioAmbientMesh(t *testing.T, door string) {
 		os.Stdout.Sync()
 	}
 	t.Logf("TestIstioAmbientMesh through %s took %s", door, time.Since(begin).Round(time.Millisecond))
+}
+
+// awayPodWaits makes a pod in the mesh namespace ns while nftredir's DaemonSet pod is off the
+// node (NRI enrolment): containerd's validator holds its containers back
+// for as long as nftredir is away; once its pod is back, the new daemon's
+// Synchronize enrols the pod before the validator lets any of its
+// containers start, and before the daemon serves ZDS, so the pod is in
+// ztunnel's first snapshot; ztunnel then carries its connection to the
+// server (at serverAddr, identity serverID) under the pod's own identity.
+func (im *istioMesh) awayPodWaits(t *testing.T, ns, serverAddr, serverID string) {
+	t.Helper()
+	const name = "away"
+	var away *corev1.Pod
+	var heldFor time.Duration
+	im.chart.awayFromNode(t, func() {
+		away = im.createPod(t, ns, name, func(p *corev1.Pod) { p.Spec.ServiceAccountName = "client-sa" })
+		im.WaitPod(t, away.Namespace, name, kcluster.DefaultTimeout, "refused by the NRI validator", refusedByValidator)
+		held := time.Now()
+		time.Sleep(3 * time.Second)
+		if n := len(im.containersOf(t, away)); n != 0 {
+			t.Fatalf("pod %s has %d containers while nftredir is away", name, n)
+		}
+		heldFor = time.Since(held)
+	})
+	back := time.Now()
+	snaps, sentAt := im.waitSnapshots(t, 1)
+	away = im.WaitPodReady(t, away.Namespace, name)
+	ready := time.Since(back)
+	rec := im.wantEnrolledBeforeContainers(t, away)
+	wantNoCNIAdd(t, im.cniLog, away)
+	if enrolled := rec.GetEnrolledAt().AsTime(); !enrolled.Before(sentAt) {
+		t.Errorf("pod %s enrolled at %s, after the new daemon's first ZDS snapshot at %s", name, enrolled.Format(time.RFC3339Nano), sentAt.Format(time.RFC3339Nano))
+	}
+	waitAnswer(t, im.podNetns(t, away), serverAddr, "server")
+	id := istiotest.SPIFFE(away.Namespace, away.Spec.ServiceAccountName)
+	line := im.ztunnel.WaitLog(t, 10*time.Second, "connection complete", "src.addr="+away.Status.PodIP+":", "src.identity=", id, "dst.identity=", serverID)
+	t.Logf("pod %s: refused by the validator, no container, for %s while nftredir was away; Ready %s after nftredir's pod was back, enrolled before its containers and before the new daemon's first snapshot; the new daemon's ZDS: %s\nztunnel: %s", name, heldFor.Round(time.Millisecond), ready.Round(time.Millisecond), snaps, line)
 }
 
 // restartsKeepCapture probes the server every 100 ms from the allowed
@@ -500,17 +546,7 @@ func (im *istioMesh) restartsKeepCapture(t *testing.T, server, client, other, ou
 	steady := time.Now()
 	report("steady, before the restarts", start, steady)
 
-	// Through NRI, a mesh pod made while nftredir is away waits at the
-	// runtime's validator and is captured by the new daemon's
-	// Synchronize, before ztunnel's first snapshot of it.
-	var away *corev1.Pod
-	took := im.chart.restartPod(t, func(old string) {
-		if im.door != defaults.EnrolmentNRI {
-			return
-		}
-		im.WaitPodGone(t, dsNamespace, old)
-		away = im.createPod(t, server.Namespace, "away", func(p *corev1.Pod) { p.Spec.ServiceAccountName = client.Spec.ServiceAccountName })
-	})
+	took := im.chart.restartPod(t)
 	// Capture in the pods never depended on the daemon; ztunnel
 	// reconnects to the new one and takes its snapshot.
 	allowed.waitRun(t, steady.Add(took), 10, 60*time.Second, answered)
@@ -519,11 +555,9 @@ func (im *istioMesh) restartsKeepCapture(t *testing.T, server, client, other, ou
 	}
 	mid := time.Now()
 	t.Logf("nftredir's DaemonSet pod deleted; %s Ready %s later; ephemeral ports of the server's namespace %s", im.chart.Pod.Name, took.Round(time.Millisecond), eph)
-	t.Logf("the new daemon's ZDS: %s", im.waitSnapshots(t, 1))
+	snaps, _ := im.waitSnapshots(t, 1)
+	t.Logf("the new daemon's ZDS: %s", snaps)
 	report("nftredir pod deleted, back, 10 answers in a row", steady, mid)
-	if away != nil {
-		im.awayPodCaptured(t, away, to)
-	}
 
 	// Down for 3 s, as a replacement pod would leave the node: the
 	// pods' rules then point at listeners that are gone, and every try
@@ -532,7 +566,8 @@ func (im *istioMesh) restartsKeepCapture(t *testing.T, server, client, other, ou
 	stopped, ready := im.ztunnel.Restart(t, down)
 	allowed.waitRun(t, mid.Add(stopped+down+ready), 10, 60*time.Second, answered)
 	t.Logf("ztunnel stopped in %s, none for %s, the new one ready %s later", stopped.Round(time.Millisecond), down, ready.Round(time.Millisecond))
-	t.Logf("the daemon's ZDS after the restart of ztunnel: %s", im.waitSnapshots(t, 2))
+	snaps, _ = im.waitSnapshots(t, 2)
+	t.Logf("the daemon's ZDS after the restart of ztunnel: %s", snaps)
 	back := time.Now()
 	if phs := report("ztunnel restarted, ready, 10 answers in a row", mid, back); phs[0].failed == 0 {
 		t.Errorf("%s: no failed try while ztunnel was down for %s: the probes never met the outage", allowed.name, down)
@@ -550,38 +585,20 @@ func (im *istioMesh) restartsKeepCapture(t *testing.T, server, client, other, ou
 	}
 }
 
-// awayPodCaptured checks the pod made while nftredir's DaemonSet pod was
-// replaced, under NRI enrolment: the validator held its containers back
-// until the new daemon had enrolled it, and ztunnel, which had it from
-// that daemon, carries its connection to the server (at to) under its own
-// identity.
-func (im *istioMesh) awayPodCaptured(t *testing.T, away *corev1.Pod, to string) {
-	t.Helper()
-	away = im.WaitPodReady(t, away.Namespace, away.Name)
-	held := false
-	for _, e := range im.PodEvents(t, away.Namespace, away.Name) {
-		if strings.Contains(e.Message, `required plugin "`+defaults.NRIPluginName+`" not present`) {
-			held = true
-		}
-	}
-	rec := im.wantEnrolledBeforeContainers(t, away)
-	wantNoCNIAdd(t, im.cniLog, away)
-	ns := im.podNetns(t, away)
-	waitAnswer(t, ns, to, "server")
-	line := im.ztunnel.WaitLog(t, 10*time.Second, "connection complete", "src.addr="+away.Status.PodIP+":", "src.identity=", istiotest.SPIFFE(away.Namespace, away.Spec.ServiceAccountName))
-	t.Logf("pod %s made while nftredir's pod was replaced: held by the validator first: %v; enrolled at %s, before its containers; ztunnel: %s", away.Name, held, rec.GetEnrolledAt().AsTime().Format(time.RFC3339Nano), line)
-}
-
 // waitSnapshots waits until the DaemonSet's current daemon has sent n ZDS
 // snapshots (one per ztunnel connection), the last one holding every pod
-// it had enrolled when it sent it, and returns its log lines about them.
-// A pod enrolled after the snapshot reaches the proxy as an update of its
-// own.
-func (im *istioMesh) waitSnapshots(t *testing.T, n int) string {
+// it had enrolled when it sent it, and returns its log lines about them
+// and when it sent the last one. A pod enrolled after the snapshot
+// reaches the proxy as an update of its own.
+func (im *istioMesh) waitSnapshots(t *testing.T, n int) (string, time.Time) {
 	t.Helper()
 	var lines []string
 	var want int
 	var problem error
+	var last struct {
+		At   time.Time `json:"@timestamp"`
+		Pods int       `json:"pods"`
+	}
 	waitUntil(t, fmt.Sprintf("%d ZDS snapshots from %s", n, im.chart.Pod.Name), 30*time.Second, func() bool {
 		lines = nil
 		var sent []string
@@ -595,10 +612,6 @@ func (im *istioMesh) waitSnapshots(t *testing.T, n int) string {
 		}
 		if len(sent) < n {
 			return false
-		}
-		var last struct {
-			At   time.Time `json:"@timestamp"`
-			Pods int       `json:"pods"`
 		}
 		if problem = json.Unmarshal([]byte(sent[len(sent)-1]), &last); problem != nil {
 			return true
@@ -618,7 +631,7 @@ func (im *istioMesh) waitSnapshots(t *testing.T, n int) string {
 	if problem != nil {
 		t.Fatalf("the last snapshot's log line: %v\n%s", problem, strings.Join(lines, "\n"))
 	}
-	return fmt.Sprintf("%d pods enrolled when the last snapshot was sent; log:\n%s", want, strings.Join(lines, "\n"))
+	return fmt.Sprintf("%d pods enrolled when the last snapshot was sent; log:\n%s", want, strings.Join(lines, "\n")), last.At
 }
 
 // serverAllowsOnlyClient is the suites' L4 policy: in namespace ns, the
