@@ -50,8 +50,9 @@ import (
 // require nftredir and containerd restarted (running pods untouched),
 // then the chart installed with enrolment.via nri. A mesh pod made in
 // between then waits at the validator, instead of starting uncaptured as
-// it does with the CNI chain, and is captured by nftredir's Synchronize
-// before its containers; a mesh pod made after the swap is captured by
+// it does with the CNI chain, and is captured before nftredir registers
+// (by the agent's first pass over running sandboxes, or by Synchronize),
+// so before its containers; a mesh pod made after the swap is captured by
 // NRI's RunPodSandbox, with no plugin in the chain.
 func TestIstioMigrationFromIstioCNI(t *testing.T) {
 	for _, door := range istioDoors {
@@ -205,8 +206,10 @@ func testIstioMigration(t *testing.T, door string) {
 	}
 	m := &meshCluster{Cluster: c, api: chart.API, cniLog: h.cniLog}
 	if door == defaults.EnrolmentNRI {
-		// Captured by nftredir's Synchronize before the validator let
-		// its containers start.
+		// Captured before nftredir registered with containerd (by the
+		// agent's first pass, which finds its sandbox among the
+		// runtime's pins, or by Synchronize), so before the validator
+		// let its containers start.
 		gap = c.WaitPodReady(t, ns, gap.Name)
 		pins[gap.Name] = pinOf(t, gap)
 		rec := m.wantEnrolledBeforeContainers(t, gap)

@@ -445,7 +445,7 @@ func testIstioAmbientMesh(t *testing.T, door string) {
 	})
 
 	if door == defaults.EnrolmentNRI {
-		t.Run("nftredir away: a new mesh pod waits at the validator, is captured by Synchronize before ztunnel's first snapshot", func(t *testing.T) {
+		t.Run("nftredir away: a new mesh pod waits at the validator, is captured before its containers and is in ztunnel's first snapshot", func(t *testing.T) {
 			if !policy {
 				t.Skip("needs the ALLOW policy")
 			}
@@ -468,11 +468,13 @@ func testIstioAmbientMesh(t *testing.T, door string) {
 
 // awayPodWaits makes a pod in the mesh namespace ns while nftredir's DaemonSet pod is off the
 // node (NRI enrolment): containerd's validator holds its containers back
-// for as long as nftredir is away; once its pod is back, the new daemon's
-// Synchronize enrols the pod before the validator lets any of its
-// containers start, and before the daemon serves ZDS, so the pod is in
-// ztunnel's first snapshot; ztunnel then carries its connection to the
-// server (at serverAddr, identity serverID) under the pod's own identity.
+// for as long as nftredir is away; once its pod is back, the new daemon
+// enrols the pod before it registers with containerd (its agent's first
+// pass over the runtime's sandboxes, or Synchronize), so before the
+// validator lets any of its containers start, and before it serves ZDS,
+// so the pod is in ztunnel's first snapshot; ztunnel then carries its
+// connection to the server (at serverAddr, identity serverID) under the
+// pod's own identity.
 func (im *istioMesh) awayPodWaits(t *testing.T, ns, serverAddr, serverID string) {
 	t.Helper()
 	const name = "away"
