@@ -14,9 +14,8 @@ import (
 	"github.com/containerd/ttrpc"
 )
 
-// dialTimeout bounds the dial of the runtime's socket: a runtime that
-// stopped accepting would otherwise hold a connection attempt as long as
-// the socket's backlog is full.
+// dialTimeout bounds the dial of the runtime's socket, as every other
+// step of a connection attempt is bounded.
 const dialTimeout = 5 * time.Second
 
 // session is one connection to the runtime, and the handler the NRI
@@ -41,7 +40,8 @@ type session struct {
 	// abandoned: the plugin gave up on the connection before Configure;
 	// a Configure that still arrives is refused.
 	abandoned atomic.Bool
-	conn      atomic.Pointer[net.Conn]
+	// conn is the connection the stub dialled, for the session to close.
+	conn atomic.Pointer[net.Conn]
 }
 
 func newSession(ctx context.Context, p *Plugin) *session {
