@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/nftredir/nftredir/client"
 	"github.com/nftredir/nftredir/internal/testkit/kcluster"
@@ -39,9 +41,15 @@ type chartInstall struct {
 func (h dsHost) zdsSocket() string { return filepath.Join(h.ztunnel, "ztunnel.sock") }
 
 // withProxy is installChart's extra for a test that runs a node proxy on
-// the ZDS socket (stock ztunnel, the stand-in): the chart's default, a
-// mesh pod's sandbox waiting for the proxy's ack.
-var withProxy = map[string]any{"zdsRequireAck": true}
+// the ZDS socket (stock ztunnel, the stand-in): extra with the chart's
+// default, a mesh pod's sandbox waiting for the proxy's ack.
+func withProxy(extra map[string]any) map[string]any {
+	out := map[string]any{"zdsRequireAck": true}
+	for k, v := range extra {
+		out[k] = v
+	}
+	return out
+}
 
 // installChart installs nftredir into c as users do and waits until its
 // DaemonSet pod is Ready (serving, startup reconcile done, plugin
@@ -103,4 +111,37 @@ func (ci *chartInstall) restartPod(t *testing.T) time.Duration {
 	}
 	ci.Pod = waitDSPodReady(t, ci.c, old)
 	return time.Since(start)
+}
+
+// awayLabel is a node label no node has: a DaemonSet selecting it runs on
+// none.
+const awayLabel = "nftredir.test/away"
+
+// awayFromNode takes the DaemonSet's pod off the node and keeps nftredir
+// away while during runs, as a DaemonSet that stops selecting the node
+// does (its nodeSelector given a label the node lacks), then selects the
+// node again and waits until the new pod is Ready. The DaemonSet lives
+// throughout, so the stopping daemon leaves every pod as it is.
+func (ci *chartInstall) awayFromNode(t *testing.T, during func()) {
+	t.Helper()
+	old := ci.Pod.Name
+	setAway := func(value string) {
+		t.Helper()
+		patch := fmt.Sprintf(`{"spec":{"template":{"spec":{"nodeSelector":{%q:%s}}}}}`, awayLabel, value)
+		if _, err := ci.c.Client.AppsV1().DaemonSets(dsNamespace).Patch(t.Context(), dsRelease, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatalf("patch DaemonSet %s/%s: %v", dsNamespace, dsRelease, err)
+		}
+	}
+	setAway(`"true"`)
+	back := false
+	defer func() {
+		if !back {
+			setAway("null")
+		}
+	}()
+	ci.c.WaitPodGone(t, dsNamespace, old)
+	during()
+	setAway("null")
+	back = true
+	ci.Pod = waitDSPodReady(t, ci.c, old)
 }

@@ -26,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/internal/testkit/istiotest"
 	"github.com/nftredir/nftredir/internal/testkit/kcluster"
 	"github.com/nftredir/nftredir/internal/testkit/nstest"
@@ -43,7 +44,23 @@ import (
 // as callers the policy refuses, a watch follows every pod's redirection
 // annotation, and the pods' network namespaces are polled for whose
 // capture they hold.
+//
+// It runs once per door (istioDoors). Through NRI, the operator's steps
+// between the two agents are docs/nri.md's: containerd's validator set to
+// require nftredir and containerd restarted (running pods untouched),
+// then the chart installed with enrolment.via nri. A mesh pod made in
+// between then waits at the validator, instead of starting uncaptured as
+// it does with the CNI chain, and is captured before nftredir registers
+// (by the agent's first pass over running sandboxes, or by Synchronize),
+// so before its containers; a mesh pod made after the swap is captured by
+// NRI's RunPodSandbox, with no plugin in the chain.
 func TestIstioMigrationFromIstioCNI(t *testing.T) {
+	for _, door := range istioDoors {
+		t.Run(door, func(t *testing.T) { testIstioMigration(t, door) })
+	}
+}
+
+func testIstioMigration(t *testing.T, door string) {
 	nstest.RequirePrivileged(t)
 	if os.Getenv(skipK8sEnv) == "1" {
 		t.Skipf("Istio suite skipped because %s=1", skipK8sEnv)
@@ -147,33 +164,65 @@ func TestIstioMigrationFromIstioCNI(t *testing.T) {
 		t.Fatalf("istio-cni's entry still in the network after its agent stopped:\n%s", src)
 	}
 	t.Logf("istio-cni's agent stopped in %s; its entry is out of the network", stopTook.Round(time.Millisecond))
-	// A mesh pod that starts between the two: no plugin is chained, so it
-	// starts uncaptured, until nftredir finds it running.
+	var values map[string]any
+	if door == defaults.EnrolmentNRI {
+		restart := time.Now()
+		c.ReconfigureNRI(t, kcluster.NRIOptions{Validator: nriValidator()})
+		values = nriChartValues(t, c)
+		t.Logf("containerd's validator set to require nftredir; containerd restarted in %s", time.Since(restart).Round(time.Millisecond))
+	}
+	// A mesh pod that starts between the two. With the CNI chain no
+	// plugin is chained, so it starts uncaptured, until nftredir finds
+	// it running; through NRI its containers wait at the validator.
 	rs := c.CRI(t)
 	waitUntil(t, "containerd to load the network without istio-cni", 30*time.Second, func() bool {
 		src, err := kcluster.LoadedConflist(t.Context(), rs)
 		return err == nil && !strings.Contains(src, `"istio-cni"`)
 	})
-	gap := run(ns, "gap", "client-sa", nil)
-	pins[gap.Name] = pinOf(t, gap)
-	if st := captureOf(t, pins[gap.Name]); !st.none() {
-		t.Fatalf("pod %s started with neither agent: %s; want no capture", gap.Name, st)
+	var gap *corev1.Pod
+	if door == defaults.EnrolmentNRI {
+		p := c.StandinPod(t, ns, "gap", 0, c.NodeName, "app", "-port", "8080", "-name", "gap")
+		p.Spec.ServiceAccountName = "client-sa"
+		gap = c.CreatePod(t, p)
+		c.WaitPod(t, ns, gap.Name, kcluster.DefaultTimeout, "refused by the NRI validator", refusedByValidator)
+		t.Logf("pod %s made %s after istio-cni's stop began; its containers refused by containerd's validator", gap.Name, time.Since(swapStart).Round(time.Millisecond))
+	} else {
+		gap = run(ns, "gap", "client-sa", nil)
+		pins[gap.Name] = pinOf(t, gap)
+		if st := captureOf(t, pins[gap.Name]); !st.none() {
+			t.Fatalf("pod %s started with neither agent: %s; want no capture", gap.Name, st)
+		}
+		t.Logf("pod %s started %s after istio-cni's stop began, uncaptured", gap.Name, time.Since(swapStart).Round(time.Millisecond))
 	}
-	t.Logf("pod %s started %s after istio-cni's stop began, uncaptured", gap.Name, time.Since(swapStart).Round(time.Millisecond))
 
 	takeover := watchTakeOver(pins, mesh)
 	installStart := time.Now()
-	chart := installChart(t, c, h, withProxy)
+	chart := installChart(t, c, h, withProxy(values))
 	took := takeover.wait(t, 90*time.Second)
 	allDone := time.Now()
 	t.Logf("nftredir: helm install at +%s after istio-cni's stop began; DaemonSet pod %s Ready %s after helm install", installStart.Sub(swapStart).Round(time.Millisecond), chart.Pod.Name, chart.Took.Round(time.Millisecond))
 	for _, p := range mesh {
 		t.Logf("pod %s taken over %s after helm install began (%s)", p.Name, took[p.Name].Round(time.Millisecond), captureOf(t, pins[p.Name]))
 	}
-	waitUntil(t, "the pod started between the two agents to be captured by nftredir", 30*time.Second, func() bool {
-		return captureOf(t, pins[gap.Name]).ours
-	})
-	t.Logf("pod %s captured by nftredir %s after helm install began", gap.Name, time.Since(installStart).Round(time.Millisecond))
+	m := &meshCluster{Cluster: c, api: chart.API, cniLog: h.cniLog}
+	if door == defaults.EnrolmentNRI {
+		// Captured before nftredir registered with containerd (by the
+		// agent's first pass, which finds its sandbox among the
+		// runtime's pins, or by Synchronize), so before the validator
+		// let its containers start.
+		gap = c.WaitPodReady(t, ns, gap.Name)
+		pins[gap.Name] = pinOf(t, gap)
+		rec := m.wantEnrolledBeforeContainers(t, gap)
+		if st := captureOf(t, pins[gap.Name]); !st.ours || len(st.istio) > 0 {
+			t.Fatalf("pod %s made between the two agents: %s; want nftredir's capture", gap.Name, st)
+		}
+		t.Logf("pod %s Ready %s after helm install began, enrolled at +%s, before its containers", gap.Name, time.Since(installStart).Round(time.Millisecond), rec.GetEnrolledAt().AsTime().Sub(installStart).Round(time.Millisecond))
+	} else {
+		waitUntil(t, "the pod started between the two agents to be captured by nftredir", 30*time.Second, func() bool {
+			return captureOf(t, pins[gap.Name]).ours
+		})
+		t.Logf("pod %s captured by nftredir %s after helm install began", gap.Name, time.Since(installStart).Round(time.Millisecond))
+	}
 	// Keep probing a while after the last take-over: none may fail.
 	time.Sleep(5 * time.Second)
 	probeEnd := time.Now()
@@ -210,6 +259,19 @@ func TestIstioMigrationFromIstioCNI(t *testing.T) {
 		}
 	})
 
+	// A mesh pod made after the swap: through NRI, enrolled at its
+	// RunPodSandbox once the install step has taken nftredir-cni out of
+	// the chain.
+	var after *corev1.Pod
+	if door == defaults.EnrolmentNRI {
+		waitNRIDoor(t, c, h)
+		after = run(ns, "after", "client-sa", nil)
+		pins[after.Name] = pinOf(t, after)
+		m.wantEnrolledBeforeContainers(t, after)
+		wantNoCNIAdd(t, h.cniLog, after)
+		t.Logf("pod %s made after the swap: %s, enrolled through NRI before its containers, nftredir-cni not in the chain", after.Name, captureOf(t, pins[after.Name]))
+	}
+
 	// The namespace labelled now: its running pod is enrolled.
 	labelNamespace(t, c, lateNS, meshEnabled)
 	labelled := time.Now()
@@ -228,6 +290,9 @@ func TestIstioMigrationFromIstioCNI(t *testing.T) {
 		checkSeenOnce(t, zt, pins, other, late, true)
 		checkSeenOnce(t, zt, pins, gap, late, true)
 		checkSeenOnce(t, zt, pins, late, outsider, false)
+		if after != nil {
+			checkSeenOnce(t, zt, pins, after, server, true)
+		}
 	})
 	t.Run("the annotation never flips off", func(t *testing.T) {
 		for _, p := range mesh {

@@ -19,17 +19,26 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/nftredir/nftredir/capture/capturetest"
+	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/internal/testkit/istiotest"
 	"github.com/nftredir/nftredir/internal/testkit/kcluster"
 	"github.com/nftredir/nftredir/internal/testkit/nstest"
 	"github.com/nftredir/nftredir/kube"
 )
 
+// istioDoors are the ways the runtime hands new pods to nftredir, and the
+// Istio suite runs on each: the chained nftredir-cni, and the runtime's
+// NRI (containerd 2.4 with its validator requiring nftredir, no plugin in
+// the chain).
+var istioDoors = []string{defaults.EnrolmentCNI, defaults.EnrolmentNRI}
+
 // istioMesh is a cluster with stock istiod and ztunnel and nftredir
 // installed from its chart, as the README tells users: ztunnel is the
 // DaemonSet daemon's ZDS peer, istiod its control plane.
 type istioMesh struct {
 	*meshCluster
+	// door is how new pods reach nftredir: one of istioDoors.
+	door    string
 	chart   *chartInstall
 	istiod  *istiotest.Istiod
 	ztunnel *istiotest.Ztunnel
@@ -37,9 +46,11 @@ type istioMesh struct {
 
 // startIstioMesh starts the cluster, istiod, nftredir (installChart: the
 // DaemonSet from charts/nftredir, the image imported into containerd)
-// and ztunnel as a host process on the node, connected to the
-// DaemonSet's ZDS socket.
-func startIstioMesh(t *testing.T) *istioMesh {
+// enrolling new pods through door, and ztunnel as a host process on the
+// node, connected to the DaemonSet's ZDS socket. Through NRI, containerd
+// requires nftredir (docs/nri.md), and the mesh is up once nftredir-cni
+// is out of the chain.
+func startIstioMesh(t *testing.T, door string) *istioMesh {
 	t.Helper()
 	nstest.RequirePrivileged(t)
 	if os.Getenv(skipK8sEnv) == "1" {
@@ -47,11 +58,24 @@ func startIstioMesh(t *testing.T) *istioMesh {
 	}
 	bins := istiotest.Require(t)
 	begin := time.Now()
-	c := startCluster(t)
-	im := &istioMesh{istiod: istiotest.StartIstiod(t, c, bins)}
+	var opts kcluster.Options
+	var values map[string]any
+	if door == defaults.EnrolmentNRI {
+		opts.NRI.Validator = nriValidator()
+	}
+	c := startClusterWith(t, opts)
+	if door == defaults.EnrolmentNRI {
+		values = nriChartValues(t, c)
+	}
+	im := &istioMesh{door: door, istiod: istiotest.StartIstiod(t, c, bins)}
 	h := newDSHost(t, c)
-	im.chart = installChart(t, c, h, withProxy)
+	im.chart = installChart(t, c, h, withProxy(values))
 	t.Logf("nftredir DaemonSet pod %s Ready %s after helm install", im.chart.Pod.Name, im.chart.Took.Round(time.Millisecond))
+	if door == defaults.EnrolmentNRI {
+		ready := time.Now()
+		waitNRIDoor(t, c, h)
+		t.Logf("NRI: gate file written and nftredir-cni out of the chain %s after the DaemonSet pod was Ready", time.Since(ready).Round(time.Millisecond))
+	}
 	im.meshCluster = &meshCluster{Cluster: c, api: im.chart.API, zds: h.zdsSocket(), cniLog: h.cniLog}
 	im.ztunnel = istiotest.StartZtunnel(t, c, bins, im.istiod, h.zdsSocket())
 	t.Logf("Istio mesh up in %s", time.Since(begin).Round(time.Millisecond))
@@ -183,11 +207,18 @@ func (im *istioMesh) certIdentities(t *testing.T) (ids map[string]string, verify
 // TestIstioAmbientMesh runs a real ambient mesh on nftredir installed from
 // its chart: stock istiod issues the identities and pushes Services and
 // policy, stock ztunnel gets the pods from the DaemonSet's daemon over ZDS
-// and carries their traffic as HBONE. One cluster serves every check; the
-// restarts come last.
+// and carries their traffic as HBONE. It runs once per door (istioDoors):
+// pods enrolled by the chained CNI plugin, and by the runtime's NRI. In
+// each, one cluster serves every check; the restarts come last.
 func TestIstioAmbientMesh(t *testing.T) {
+	for _, door := range istioDoors {
+		t.Run(door, func(t *testing.T) { testIstioAmbientMesh(t, door) })
+	}
+}
+
+func testIstioAmbientMesh(t *testing.T, door string) {
 	begin := time.Now()
-	im := startIstioMesh(t)
+	im := startIstioMesh(t, door)
 	const ns = "mesh"
 	im.CreateNamespace(t, ns, map[string]string{meshLabel: meshEnabled})
 	im.CreateNamespace(t, "outside", nil)
@@ -229,6 +260,15 @@ func TestIstioAmbientMesh(t *testing.T) {
 	serverAddr := netip.AddrPortFrom(ip(server), 8080).String()
 	clientID, serverID, otherID := istiotest.SPIFFE(ns, "client-sa"), istiotest.SPIFFE(ns, "server-sa"), istiotest.SPIFFE(ns, "other-sa")
 	t.Logf("pods Ready, enrolled and annotated %s after the test's start", time.Since(begin).Round(time.Millisecond))
+	if door == defaults.EnrolmentNRI {
+		// Through NRI alone: each was enrolled at its RunPodSandbox,
+		// before the runtime created its containers, and nftredir-cni
+		// never ran for it.
+		for _, name := range []string{"server", "client", "other", "bypass", "nodns"} {
+			im.wantEnrolledBeforeContainers(t, pods[name])
+			wantNoCNIAdd(t, im.cniLog, pods[name])
+		}
+	}
 
 	t.Run("mesh pods get istiod-issued identities", func(t *testing.T) {
 		// ztunnel fetches a certificate per local workload's identity
@@ -404,6 +444,15 @@ func TestIstioAmbientMesh(t *testing.T) {
 		t.Logf("outsider: ztunnel: %s", line)
 	})
 
+	if door == defaults.EnrolmentNRI {
+		t.Run("nftredir away: a new mesh pod waits at the validator, is captured before its containers and is in ztunnel's first snapshot", func(t *testing.T) {
+			if !policy {
+				t.Skip("needs the ALLOW policy")
+			}
+			im.awayPodWaits(t, ns, serverAddr, serverID)
+		})
+	}
+
 	t.Run("nftredir and ztunnel restarted under steady connections: never uncaptured", func(t *testing.T) {
 		if !policy {
 			t.Skip("needs the ALLOW policy")
@@ -421,7 +470,46 @@ func TestIstioAmbientMesh(t *testing.T) {
 		t.Logf("ztunnel config_dump:\n%s", im.ztunnel.ConfigDump(t))
 		os.Stdout.Sync()
 	}
-	t.Logf("TestIstioAmbientMesh took %s", time.Since(begin).Round(time.Millisecond))
+	t.Logf("TestIstioAmbientMesh through %s took %s", door, time.Since(begin).Round(time.Millisecond))
+}
+
+// awayPodWaits makes a pod in the mesh namespace ns while nftredir's DaemonSet pod is off the
+// node (NRI enrolment): containerd's validator holds its containers back
+// for as long as nftredir is away; once its pod is back, the new daemon
+// enrols the pod before it registers with containerd (its agent's first
+// pass over the runtime's sandboxes, or Synchronize), so before the
+// validator lets any of its containers start, and before it serves ZDS,
+// so the pod is in ztunnel's first snapshot; ztunnel then carries its
+// connection to the server (at serverAddr, identity serverID) under the
+// pod's own identity.
+func (im *istioMesh) awayPodWaits(t *testing.T, ns, serverAddr, serverID string) {
+	t.Helper()
+	const name = "away"
+	var away *corev1.Pod
+	var heldFor time.Duration
+	im.chart.awayFromNode(t, func() {
+		away = im.createPod(t, ns, name, func(p *corev1.Pod) { p.Spec.ServiceAccountName = "client-sa" })
+		im.WaitPod(t, away.Namespace, name, kcluster.DefaultTimeout, "refused by the NRI validator", refusedByValidator)
+		held := time.Now()
+		time.Sleep(3 * time.Second)
+		if n := len(im.containersOf(t, away)); n != 0 {
+			t.Fatalf("pod %s has %d containers while nftredir is away", name, n)
+		}
+		heldFor = time.Since(held)
+	})
+	back := time.Now()
+	snaps, sentAt := im.waitSnapshots(t, 1)
+	away = im.WaitPodReady(t, away.Namespace, name)
+	ready := time.Since(back)
+	rec := im.wantEnrolledBeforeContainers(t, away)
+	wantNoCNIAdd(t, im.cniLog, away)
+	if enrolled := rec.GetEnrolledAt().AsTime(); !enrolled.Before(sentAt) {
+		t.Errorf("pod %s enrolled at %s, after the new daemon's first ZDS snapshot at %s", name, enrolled.Format(time.RFC3339Nano), sentAt.Format(time.RFC3339Nano))
+	}
+	waitAnswer(t, im.podNetns(t, away), serverAddr, "server")
+	id := istiotest.SPIFFE(away.Namespace, away.Spec.ServiceAccountName)
+	line := im.ztunnel.WaitLog(t, 10*time.Second, "connection complete", "src.addr="+away.Status.PodIP+":", "src.identity=", id, "dst.identity=", serverID)
+	t.Logf("pod %s: refused by the validator, no container, for %s while nftredir was away; Ready %s after nftredir's pod was back, enrolled before its containers and before the new daemon's first snapshot; the new daemon's ZDS: %s\nztunnel: %s", name, heldFor.Round(time.Millisecond), ready.Round(time.Millisecond), snaps, line)
 }
 
 // restartsKeepCapture probes the server every 100 ms from the allowed
@@ -476,7 +564,8 @@ func (im *istioMesh) restartsKeepCapture(t *testing.T, server, client, other, ou
 	}
 	mid := time.Now()
 	t.Logf("nftredir's DaemonSet pod deleted; %s Ready %s later; ephemeral ports of the server's namespace %s", im.chart.Pod.Name, took.Round(time.Millisecond), eph)
-	t.Logf("the new daemon's ZDS: %s", im.waitSnapshots(t, 1))
+	snaps, _ := im.waitSnapshots(t, 1)
+	t.Logf("the new daemon's ZDS: %s", snaps)
 	report("nftredir pod deleted, back, 10 answers in a row", steady, mid)
 
 	// Down for 3 s, as a replacement pod would leave the node: the
@@ -486,7 +575,8 @@ func (im *istioMesh) restartsKeepCapture(t *testing.T, server, client, other, ou
 	stopped, ready := im.ztunnel.Restart(t, down)
 	allowed.waitRun(t, mid.Add(stopped+down+ready), 10, 60*time.Second, answered)
 	t.Logf("ztunnel stopped in %s, none for %s, the new one ready %s later", stopped.Round(time.Millisecond), down, ready.Round(time.Millisecond))
-	t.Logf("the daemon's ZDS after the restart of ztunnel: %s", im.waitSnapshots(t, 2))
+	snaps, _ = im.waitSnapshots(t, 2)
+	t.Logf("the daemon's ZDS after the restart of ztunnel: %s", snaps)
 	back := time.Now()
 	if phs := report("ztunnel restarted, ready, 10 answers in a row", mid, back); phs[0].failed == 0 {
 		t.Errorf("%s: no failed try while ztunnel was down for %s: the probes never met the outage", allowed.name, down)
@@ -546,32 +636,51 @@ func (im *istioMesh) upgradeKeepsCapture(t *testing.T, server, client, other, ou
 
 // waitSnapshots waits until the DaemonSet's current daemon has sent n ZDS
 // snapshots (one per ztunnel connection), the last one holding every pod
-// it has enrolled, and returns its log lines about them.
-func (im *istioMesh) waitSnapshots(t *testing.T, n int) string {
+// it had enrolled when it sent it, and returns its log lines about them
+// and when it sent the last one. A pod enrolled after the snapshot
+// reaches the proxy as an update of its own.
+func (im *istioMesh) waitSnapshots(t *testing.T, n int) (string, time.Time) {
 	t.Helper()
 	var lines []string
 	var want int
+	var problem error
+	var last struct {
+		At   time.Time `json:"@timestamp"`
+		Pods int       `json:"pods"`
+	}
 	waitUntil(t, fmt.Sprintf("%d ZDS snapshots from %s", n, im.chart.Pod.Name), 30*time.Second, func() bool {
-		pods, err := im.api.ListPods(t.Context())
-		if err != nil {
-			return false
-		}
-		want = len(pods)
 		lines = nil
+		var sent []string
 		for _, l := range strings.Split(im.PodLogs(t, dsNamespace, im.chart.Pod.Name, "nftredird"), "\n") {
 			if strings.Contains(l, "node proxy connected") || strings.Contains(l, "snapshot sent") {
 				lines = append(lines, l)
 			}
-		}
-		var sent []string
-		for _, l := range lines {
 			if strings.Contains(l, "snapshot sent") {
 				sent = append(sent, l)
 			}
 		}
-		return len(sent) >= n && strings.Contains(sent[len(sent)-1], fmt.Sprintf(`"pods":%d`, want))
+		if len(sent) < n {
+			return false
+		}
+		if problem = json.Unmarshal([]byte(sent[len(sent)-1]), &last); problem != nil {
+			return true
+		}
+		pods, err := im.api.ListPods(t.Context())
+		if err != nil {
+			return false
+		}
+		want = 0
+		for _, p := range pods {
+			if p.GetEnrolledAt().AsTime().Before(last.At) {
+				want++
+			}
+		}
+		return last.Pods == want
 	})
-	return fmt.Sprintf("%d pods enrolled; log:\n%s", want, strings.Join(lines, "\n"))
+	if problem != nil {
+		t.Fatalf("the last snapshot's log line: %v\n%s", problem, strings.Join(lines, "\n"))
+	}
+	return fmt.Sprintf("%d pods enrolled when the last snapshot was sent; log:\n%s", want, strings.Join(lines, "\n")), last.At
 }
 
 // serverAllowsOnlyClient is the suites' L4 policy: in namespace ns, the

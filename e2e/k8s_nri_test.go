@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -28,7 +29,7 @@ import (
 func startNRIMesh(t *testing.T, nri kcluster.NRIOptions, o daemonOpts) *meshCluster {
 	t.Helper()
 	dir := t.TempDir()
-	nri.Validator = &kcluster.NRIValidator{RequiredPlugins: []string{defaults.NRIPluginName}, TolerateMissingPluginsAnnotation: defaults.NRITolerateAnnotation}
+	nri.Validator = nriValidator()
 	c := startClusterWith(t, kcluster.Options{NRI: nri})
 	c.CreateNamespace(t, "nftredir-system", nil)
 	c.ApplyYAML(t, chartRBAC(t, c))
@@ -48,6 +49,92 @@ func startNRIMesh(t *testing.T, nri kcluster.NRIOptions, o daemonOpts) *meshClus
 		t.Fatalf("the pod network chains nftredir-cni: %s", c.Conflist())
 	}
 	return m
+}
+
+// nriValidator is containerd's default validator as docs/nri.md has the
+// operator configure it: nftredir required, nftredir's own pods tolerated.
+func nriValidator() *kcluster.NRIValidator {
+	return &kcluster.NRIValidator{RequiredPlugins: []string{defaults.NRIPluginName}, TolerateMissingPluginsAnnotation: defaults.NRITolerateAnnotation}
+}
+
+// nriChartValues are the chart's values for NRI enrolment on c: the daemon
+// dials the cluster's NRI socket.
+func nriChartValues(t *testing.T, c *kcluster.Cluster) map[string]any {
+	t.Helper()
+	if filepath.Base(c.NRISocket) != filepath.Base(defaults.NRISocket) {
+		t.Fatalf("the cluster's NRI socket %s is not named as the chart dials it (%s)", c.NRISocket, defaults.NRISocket)
+	}
+	return map[string]any{
+		"enrolment": map[string]any{"via": defaults.EnrolmentNRI},
+		"hostPaths": map[string]any{"nriDir": filepath.Dir(c.NRISocket)},
+	}
+}
+
+// waitNRIDoor waits until the chart's daemon has written its gate file
+// (registered with a runtime whose validator holds pods back) and the
+// install step has taken nftredir-cni out of the network, in the file and
+// in what containerd has loaded: from then on a new pod is enrolled
+// through NRI alone.
+func waitNRIDoor(t *testing.T, c *kcluster.Cluster, h dsHost) {
+	t.Helper()
+	gate := filepath.Join(h.run, filepath.Base(defaults.NRIGateFile))
+	deadline := time.Now().Add(kcluster.DefaultTimeout)
+	for {
+		types, _ := conflistTypes(t, c)
+		_, err := os.Stat(gate)
+		if err == nil && slices.Equal(types, []string{"bridge"}) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("gate file %s: %v; network plugins %v; want the gate written and nftredir-cni taken out", gate, err, types)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	waitCRINetwork(t, c, false)
+}
+
+// wantNoCNIAdd: nftredir-cni never ran for the pod (its log, when there is
+// one, does not name it).
+func wantNoCNIAdd(t *testing.T, cniLog string, p *corev1.Pod) {
+	t.Helper()
+	b, err := os.ReadFile(cniLog)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), string(p.UID)) {
+		t.Errorf("pod %s/%s went through nftredir-cni, which must not be in the chain under NRI enrolment:\n%s", p.Namespace, p.Name, b)
+	}
+}
+
+// handlerTimes are the times the daemon's NRI handler event took for the
+// pods of uids, from its JSON log's debug lines.
+func handlerTimes(t *testing.T, log, event string, uids map[string]bool) []time.Duration {
+	t.Helper()
+	var out []time.Duration
+	for _, l := range strings.Split(log, "\n") {
+		var line struct {
+			Message string          `json:"@message"`
+			Pod     string          `json:"pod"`
+			Took    json.RawMessage `json:"took"`
+		}
+		if json.Unmarshal([]byte(l), &line) != nil || line.Message != event || !uids[line.Pod] {
+			continue
+		}
+		var d time.Duration
+		var text string
+		switch {
+		case json.Unmarshal(line.Took, &d) == nil:
+		case json.Unmarshal(line.Took, &text) == nil:
+			var err error
+			if d, err = time.ParseDuration(text); err != nil {
+				t.Fatalf("took %q in %s", text, l)
+			}
+		default:
+			t.Fatalf("no time in %s", l)
+		}
+		out = append(out, d)
+	}
+	return out
 }
 
 // refusedByValidator: the pod's container waits, refused by containerd's
@@ -90,6 +177,16 @@ func (m *meshCluster) containersOf(t *testing.T, p *corev1.Pod) []*runtimeapi.Co
 // its containers.
 func (m *meshCluster) wantCapturedBeforeContainers(t *testing.T, p *corev1.Pod) *nftredirv1.Pod {
 	t.Helper()
+	rec := m.wantEnrolledBeforeContainers(t, p)
+	m.proxyIn(t, rec)
+	wantCaptured(t, m.answer(t, p), p.Name)
+	return rec
+}
+
+// wantEnrolledBeforeContainers: the pod is enrolled, and was before the
+// runtime created any of the containers of its ready sandbox.
+func (m *meshCluster) wantEnrolledBeforeContainers(t *testing.T, p *corev1.Pod) *nftredirv1.Pod {
+	t.Helper()
 	rec := m.enrolled(t, p.UID)
 	if rec == nil {
 		t.Fatalf("pod %s/%s Ready but not enrolled", p.Namespace, p.Name)
@@ -104,8 +201,6 @@ func (m *meshCluster) wantCapturedBeforeContainers(t *testing.T, p *corev1.Pod) 
 			t.Errorf("pod %s/%s: container %s created at %s, before the pod was enrolled at %s", p.Namespace, p.Name, c.Metadata.Name, created.Format(time.RFC3339Nano), enrolled.Format(time.RFC3339Nano))
 		}
 	}
-	m.proxyIn(t, rec)
-	wantCaptured(t, m.answer(t, p), p.Name)
 	return rec
 }
 
@@ -128,6 +223,45 @@ func TestK8sNRI(t *testing.T) {
 			t.Errorf("open/plain enrolled: %v", rec)
 		}
 		wantDirect(t, m.answer(t, plain), "plain")
+	})
+
+	t.Run("a burst of sandboxes: each handled within the request timeout, captured before its containers", func(t *testing.T) {
+		// The runtime hands sandboxes to NRI plugins one at a time,
+		// node-wide: a burst queues at the plugin, and a handler that
+		// outlived the request timeout would get it disconnected (and
+		// a new Synchronize logged).
+		const n = 16
+		syncs := strings.Count(m.daemonLog(100000), "Synchronize: every pod in line")
+		var pods []*corev1.Pod
+		for i := range n {
+			ns := "mesh"
+			if i%2 == 1 {
+				ns = "open"
+			}
+			pods = append(pods, m.createPod(t, ns, fmt.Sprintf("rush-%d", i)))
+		}
+		uids := map[string]bool{}
+		for _, p := range pods {
+			p = m.WaitPodReady(t, p.Namespace, p.Name)
+			uids[string(p.UID)] = true
+			if p.Namespace == "mesh" {
+				m.wantEnrolledBeforeContainers(t, p)
+			} else if rec := m.enrolled(t, p.UID); rec != nil {
+				t.Errorf("%s/%s enrolled: %v", p.Namespace, p.Name, rec)
+			}
+		}
+		log := m.daemonLog(100000)
+		if now := strings.Count(log, "Synchronize: every pod in line"); now != syncs {
+			t.Errorf("%d Synchronize during the burst: the plugin was disconnected", now-syncs)
+		}
+		took := handlerTimes(t, log, "RunPodSandbox", uids)
+		if len(took) != n {
+			t.Errorf("%d RunPodSandbox in the daemon's log for the %d pods; want one each", len(took), n)
+		}
+		slices.Sort(took)
+		if len(took) > 0 {
+			t.Logf("%d pods (%d in the mesh) created at once: RunPodSandbox handled in p50 %s, max %s", n, n/2, took[len(took)/2].Round(time.Microsecond), took[len(took)-1].Round(time.Microsecond))
+		}
 	})
 
 	t.Run("daemon killed and kept down: no container starts; captured by Synchronize once back", func(t *testing.T) {
@@ -263,33 +397,14 @@ func TestK8sNRISlowHook(t *testing.T) {
 // takes nftredir-cni out of the network once the daemon has written its
 // gate file, and a mesh pod is captured with no plugin in the chain.
 func TestK8sChartNRI(t *testing.T) {
-	c := startClusterWith(t, kcluster.Options{NRI: kcluster.NRIOptions{Validator: &kcluster.NRIValidator{
-		RequiredPlugins: []string{defaults.NRIPluginName}, TolerateMissingPluginsAnnotation: defaults.NRITolerateAnnotation,
-	}}})
-	if filepath.Base(c.NRISocket) != filepath.Base(defaults.NRISocket) {
-		t.Fatalf("the cluster's NRI socket %s is not named as the chart dials it (%s)", c.NRISocket, defaults.NRISocket)
-	}
+	c := startClusterWith(t, kcluster.Options{NRI: kcluster.NRIOptions{Validator: nriValidator()}})
 	h := newDSHost(t, c)
-	ci := installChart(t, c, h, map[string]any{
-		"enrolment": map[string]any{"via": defaults.EnrolmentNRI},
-		"hostPaths": map[string]any{"nriDir": filepath.Dir(c.NRISocket)},
-		// No node probe table: the test's root dial from the node is then
-		// captured like any client's.
-		"kubeletUID": nil,
-	})
-	gate := filepath.Join(h.run, filepath.Base(defaults.NRIGateFile))
-	deadline := time.Now().Add(kcluster.DefaultTimeout)
-	for {
-		types, _ := conflistTypes(t, c)
-		_, err := os.Stat(gate)
-		if err == nil && slices.Equal(types, []string{"bridge"}) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("gate file %s: %v; network plugins %v; want the gate written and nftredir-cni taken out", gate, err, types)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	values := nriChartValues(t, c)
+	// No node probe table: the test's root dial from the node is then
+	// captured like any client's.
+	values["kubeletUID"] = nil
+	ci := installChart(t, c, h, values)
+	waitNRIDoor(t, c, h)
 	t.Logf("DaemonSet pod Ready %s after helm install; the install step took nftredir-cni out of the network once the daemon registered", ci.Took.Round(time.Millisecond))
 	m := &meshCluster{Cluster: c, api: ci.API}
 	m.CreateNamespace(t, "mesh", map[string]string{meshLabel: meshEnabled})

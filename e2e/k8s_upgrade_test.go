@@ -642,7 +642,7 @@ func TestK8sUpgrade(t *testing.T) {
 	buildUpgradeImage(t)
 	c := startCluster(t)
 	h := newDSHost(t, c)
-	ci := installChart(t, c, h, withProxy)
+	ci := installChart(t, c, h, withProxy(nil))
 	t.Logf("nftredir DaemonSet pod %s Ready %s after helm install", ci.Pod.Name, ci.Took.Round(time.Millisecond))
 	m := &meshCluster{Cluster: c, api: ci.API, cniLog: h.cniLog}
 	proxy := startZDSStandin(t, h.zdsSocket())

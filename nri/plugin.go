@@ -22,7 +22,6 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
@@ -65,6 +64,10 @@ type Config struct {
 	// tests, to show what a handler slower than the runtime's request
 	// timeout does to a pod.
 	Delay time.Duration
+	// ConfigureTimeout bounds a connection's wait for the runtime's
+	// Configure once the runtime has accepted the registration. Zero:
+	// the NRI library's registration timeout.
+	ConfigureTimeout time.Duration
 }
 
 // State is where the plugin stands with the runtime.
@@ -85,27 +88,26 @@ type State struct {
 }
 
 // Plugin is the NRI plugin; Run connects it. Its exported handler methods
-// are the NRI events it subscribes to, called by the stub.
+// are the NRI events it subscribes to, called by the stub through the
+// session of the connection they arrive on.
 type Plugin struct {
-	pods     Pods
-	socket   string
-	name     string
-	index    string
-	log      hclog.Logger
-	workers  int
-	onChange func(State)
-	delay    time.Duration
+	pods             Pods
+	socket           string
+	name             string
+	index            string
+	log              hclog.Logger
+	workers          int
+	onChange         func(State)
+	delay            time.Duration
+	configureTimeout time.Duration
 
 	mu sync.Mutex
 	// protects the following fields
 	state State
 	// requestTimeout is the runtime's, from the last Configure.
 	requestTimeout time.Duration
-
-	// conn is the stub of the connection Run is on.
-	conn atomic.Pointer[stub.Stub]
-	// synced is closed when that connection's Synchronize succeeds.
-	synced atomic.Pointer[chan struct{}]
+	// current is the connection Run is on; nil between connections.
+	current *session
 }
 
 // New makes the plugin; nothing connects before Run.
@@ -114,15 +116,19 @@ func New(cfg Config) (*Plugin, error) {
 		return nil, errors.New("nri config: Pods is required")
 	}
 	p := &Plugin{
-		pods:           cfg.Pods,
-		socket:         cmp(cfg.Socket, defaults.NRISocket),
-		name:           cmp(cfg.Name, defaults.NRIPluginName),
-		index:          cmp(cfg.Index, defaults.NRIPluginIndex),
-		log:            cfg.Logger,
-		workers:        cfg.SyncWorkers,
-		onChange:       cfg.OnChange,
-		delay:          cfg.Delay,
-		requestTimeout: api.DefaultPluginRequestTimeout,
+		pods:             cfg.Pods,
+		socket:           cmp(cfg.Socket, defaults.NRISocket),
+		name:             cmp(cfg.Name, defaults.NRIPluginName),
+		index:            cmp(cfg.Index, defaults.NRIPluginIndex),
+		log:              cfg.Logger,
+		workers:          cfg.SyncWorkers,
+		onChange:         cfg.OnChange,
+		delay:            cfg.Delay,
+		configureTimeout: cfg.ConfigureTimeout,
+		requestTimeout:   api.DefaultPluginRequestTimeout,
+	}
+	if p.configureTimeout <= 0 {
+		p.configureTimeout = stub.DefaultRegistrationTimeout
 	}
 	if p.log == nil {
 		p.log = hclog.NewNullLogger()
@@ -170,18 +176,15 @@ func events() api.EventMask {
 	return m
 }
 
-// Configure is the runtime's first call on a new connection: it names
+// configure is the runtime's first call on a new connection: it names
 // itself, and the plugin decides whether it may register at all. On a
 // runtime whose validator cannot require it, registering would be
 // fail-open: pods would start uncaptured whenever the daemon is away, so
 // the plugin refuses, and the node keeps the CNI chain as its gate.
-func (p *Plugin) Configure(_ context.Context, _, runtime, version string) (api.EventMask, error) {
-	nriVersion := ""
-	if st := p.conn.Load(); st != nil {
-		// The stub has taken these from the same Configure request.
-		nriVersion = (*st).RuntimeNRIVersion()
-		p.setRequestTimeout((*st).RequestTimeout())
-	}
+// nriVersion and requestTimeout are what the stub took from the same
+// Configure request.
+func (p *Plugin) configure(runtime, version, nriVersion string, requestTimeout time.Duration) (api.EventMask, error) {
+	p.setRequestTimeout(requestTimeout)
 	g := GateOf(runtime, version, nriVersion)
 	ok, why := g.FailClosed()
 	p.update(func(s *State) {
@@ -311,21 +314,27 @@ func (p *Plugin) release(ctx context.Context, pod *api.PodSandbox, event string)
 	return nil
 }
 
-// Synchronize is the runtime's list of every pod sandbox it holds (and
-// their containers), sent when the plugin connects: the runtime counts
-// the plugin as registered, and lets containers pass its validator, only
-// once this returns nil. So every pod the policy captures must be captured
-// by then, above all the pods that started while the plugin was away,
-// whose containers the validator has held back: a pod with no container
-// yet that cannot be captured fails the whole call, and the plugin stays
-// unregistered until it can be (Run tries again). A pod whose containers
-// already run is a running pod like any other, which the policy agent
-// keeps trying to enrol; it does not hold the node.
+// Synchronize brings in line every pod sandbox the runtime holds (and
+// their containers), the list it sends when the plugin connects: the
+// runtime counts the plugin as registered, and lets containers pass its
+// validator, only once this returns nil. So every pod the policy captures
+// must be captured by then, above all the pods that started while the
+// plugin was away, whose containers the validator has held back: a pod
+// with no container yet that cannot be captured fails the whole call, and
+// the plugin stays unregistered until it can be (Run tries again). A pod
+// whose containers already run is a running pod like any other, which the
+// policy agent keeps trying to enrol; it does not hold the node.
 //
 // The whole call must fit in one request timeout; it stops in time and
 // fails if it does not, and the next connection goes on from there (pods
 // enrolled through their namespace are not enrolled again).
 func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, containers []*api.Container) (_ []*api.ContainerUpdate, err error) {
+	_, err = p.synchronize(ctx, pods, containers)
+	return nil, err
+}
+
+// synchronize is Synchronize; it also reports how many pods are captured.
+func (p *Plugin) synchronize(ctx context.Context, pods []*api.PodSandbox, containers []*api.Container) (captured int, err error) {
 	defer p.recover("Synchronize", &err)
 	ctx, cancel := p.answerBy(ctx)
 	defer cancel()
@@ -354,7 +363,6 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, contai
 	}
 	wg.Wait()
 	var held []string
-	captured := 0
 	for _, o := range out {
 		switch {
 		case o.err == nil:
@@ -367,18 +375,12 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, contai
 			held = append(held, fmt.Sprintf("%s/%s: %v", o.pod.GetNamespace(), o.pod.GetName(), o.err))
 		}
 	}
-	took := time.Since(start)
 	if len(held) > 0 {
 		err := fmt.Errorf("%d pods whose containers have not started cannot be captured, so nftredir stays unregistered and the runtime's validator holds every pod's containers back: %s", len(held), strings.Join(held, "; "))
-		p.log.Error("Synchronize failed", "pods", len(pods), "took", took, "error", err)
-		return nil, err
+		p.log.Error("Synchronize failed", "pods", len(pods), "took", time.Since(start), "error", err)
+		return captured, err
 	}
-	p.log.Info("Synchronize: every pod in line; registered", "pods", len(pods), "captured", captured, "took", took)
-	p.update(func(s *State) { s.Registered, s.Err = true, "" })
-	if c := p.synced.Swap(nil); c != nil {
-		close(*c)
-	}
-	return nil, nil
+	return captured, nil
 }
 
 // recover turns a panic in a handler into its error: the daemon never

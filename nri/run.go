@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
+	"github.com/containerd/ttrpc"
 	"github.com/hashicorp/go-hclog"
 )
 
@@ -71,52 +73,67 @@ func (p *Plugin) Run(ctx context.Context, first chan<- error) {
 
 // connect makes one connection and returns when it ends.
 func (p *Plugin) connect(ctx context.Context, first chan<- error) error {
-	registered := make(chan struct{})
-	st, err := stub.New(p,
+	s := newSession(ctx, p)
+	st, err := stub.New(s,
 		stub.WithPluginName(p.name),
 		stub.WithPluginIdx(p.index),
 		stub.WithSocketPath(p.socket),
-		stub.WithLogger(stubLogger{p.log.Named("stub")}),
+		stub.WithDialer(s.dial),
+		stub.WithTTRPCOptions([]ttrpc.ClientOpts{ttrpc.WithUnaryClientInterceptor(s.watchRegistration)}, nil),
+		stub.WithLogger(stubLogger{log: p.log.Named("stub"), abandoned: &s.abandoned}),
 		stub.WithFailurePolicy(failurePolicy()),
 	)
 	if err != nil {
 		// The plugin's own definition is wrong: no runtime can fix that.
 		err = fmt.Errorf("nri plugin: %w", err)
-		p.ended(err, first)
+		p.ended(s, err, first)
 		return err
 	}
-	p.conn.Store(&st)
-	defer p.conn.Store(nil)
-	p.synced.Store(&registered)
-	defer p.synced.Store(nil)
+	s.stub = st
+	p.mu.Lock()
+	p.current = s
+	p.mu.Unlock()
 	done := make(chan error, 1)
 	go func() { done <- st.Run(ctx) }()
-	select {
-	case <-registered:
-		if first != nil {
-			first <- nil
-			first = nil
+	if err = s.awaitConfigure(ctx, done); err == nil {
+		select {
+		case <-s.synced.done():
+			if first != nil {
+				first <- nil
+				first = nil
+			}
+			err = <-done
+		case err = <-done:
 		}
-		err = <-done
-	case err = <-done:
 	}
 	if err == nil {
 		err = errors.New("the runtime closed the connection")
 	}
-	p.ended(err, first)
+	p.ended(s, err, first)
 	return err
 }
 
-// ended records a connection's end (or failure to start).
-func (p *Plugin) ended(err error, first chan<- error) {
-	p.update(func(s *State) { s.Registered, s.Err = false, err.Error() })
+// ended records a connection's end (or failure to start): from now on
+// nothing said on it counts.
+func (p *Plugin) ended(s *session, err error, first chan<- error) {
+	p.update(func(st *State) {
+		if p.current == s {
+			p.current = nil
+		}
+		st.Registered, st.Err = false, err.Error()
+	})
 	if first != nil {
 		first <- err
 	}
 }
 
 // stubLogger puts the NRI library's messages into the daemon's log.
-type stubLogger struct{ log hclog.Logger }
+type stubLogger struct {
+	log hclog.Logger
+	// abandoned: the session gave the connection up, and the library's
+	// errors about it are the session's doing (Run logs why).
+	abandoned *atomic.Bool
+}
 
 func (l stubLogger) Debugf(_ context.Context, format string, args ...any) {
 	l.log.Debug(fmt.Sprintf(format, args...))
@@ -131,5 +148,9 @@ func (l stubLogger) Warnf(_ context.Context, format string, args ...any) {
 }
 
 func (l stubLogger) Errorf(_ context.Context, format string, args ...any) {
+	if l.abandoned != nil && l.abandoned.Load() {
+		l.log.Debug(fmt.Sprintf(format, args...))
+		return
+	}
 	l.log.Error(fmt.Sprintf(format, args...))
 }

@@ -87,6 +87,16 @@ func (c *Cluster) StartNode(t testing.TB) {
 // knows.
 func (c *Cluster) sandboxPins() []string { return c.walkSandboxes(nil) }
 
+// ReconfigureNRI gives containerd new NRI options (its validator, its
+// timeouts) and restarts it (RestartContainerd), as an operator does who
+// writes a drop-in config and restarts the service: running pods keep
+// running, and the new options hold from the restart on.
+func (c *Cluster) ReconfigureNRI(t testing.TB, o NRIOptions) {
+	t.Helper()
+	c.opts.NRI = o
+	c.RestartContainerd(t)
+}
+
 // RestartContainerd restarts the node's containerd alone, as a service
 // manager does on an upgrade or a config change: SIGTERM, then a new
 // containerd on the same root and state. Shims and containers keep
