@@ -82,9 +82,9 @@ enrolment policy when the daemon cannot answer.
 In Kubernetes mode the installer also writes --kubeconfig-name into
 --cni-conf-dir (mode 0600) with the cluster's CA and a token, and the
 entry's "kubernetes" key names it (docs/blast-radius.md). With
---kube-reader-account the token is that read-only ServiceAccount's,
-requested with --kube-token-file's (TokenRequest), bound to this pod
-(--pod-name, --pod-uid) and renewed at 80% of its life; without it, it is
+--kube-reader-account the token is that read-only ServiceAccount's (in
+--pod-namespace), requested for an hour with --kube-token-file's
+(TokenRequest) and renewed at 80% of its life; without it, it is
 --kube-token-file's own, rewritten whenever the kubelet rotates it.
 
 Flags:
@@ -111,7 +111,6 @@ type options struct {
 	cleanupOnExit bool
 	podName       string
 	podNamespace  string
-	podUID        string
 	once          bool
 	check         bool
 	resync        time.Duration
@@ -253,7 +252,6 @@ func parse(command string, args []string, lookupEnv func(string) (string, bool),
 	// The Downward API's usual variables; the NFTREDIR_CNI_ twins win.
 	podName, _ := lookupEnv("POD_NAME")
 	podNamespace, _ := lookupEnv("POD_NAMESPACE")
-	podUID, _ := lookupEnv("POD_UID")
 	fs := flag.NewFlagSet("nftredir-cni "+command, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
@@ -272,7 +270,6 @@ func parse(command string, args []string, lookupEnv func(string) (string, bool),
 	fs.BoolVar(&o.cleanupOnExit, "cleanup-on-exit", false, "on SIGTERM, uninstall before exiting (for removing nftredir from the node, not for restarts)")
 	fs.StringVar(&o.podName, "pod-name", podName, "this installer's pod `name` (default: $POD_NAME); with --pod-namespace, SIGTERM asks the API whether the pod's DaemonSet is gone or being deleted, and if so uninstalls (the ServiceAccount needs get on pods and daemonsets.apps)")
 	fs.StringVar(&o.podNamespace, "pod-namespace", podNamespace, "this installer's pod `namespace` (default: $POD_NAMESPACE)")
-	fs.StringVar(&o.podUID, "pod-uid", podUID, "this installer's pod `UID` (default: $POD_UID): the plugin's read-only token is bound to the pod of this UID")
 	fs.DurationVar(&o.resync, "resync-interval", time.Minute, "check the installation this often even without a file event")
 	fs.StringVar(&o.verbosity, "verbosity", "info", "this command's own log `level`")
 	fs.BoolVar(&o.kubernetes, "kubernetes", false, "Kubernetes mode, as nftredird's --kubernetes: write a kubeconfig for the plugin and the entry key kubernetes, so that when the daemon cannot answer, a pod the enrolment policy would not capture starts without it (docs/blast-radius.md)")
@@ -282,7 +279,7 @@ func parse(command string, args []string, lookupEnv func(string) (string, bool),
 	fs.StringVar(&o.kubeconfigName, "kubeconfig-name", DefaultKubeconfigName, "`file` name of the plugin's kubeconfig in --cni-conf-dir (Kubernetes mode)")
 	fs.StringVar(&o.confDirOnHost, "cni-conf-dir-on-host", "", "the runtime's CNI configuration `dir` as the plugin (on the host) sees it, for the kubeconfig's path in the entry; empty: --cni-conf-dir")
 	fs.StringVar(&o.tokenFile, "kube-token-file", DefaultTokenFile, "service account token `file`: copied into the plugin's kubeconfig, again whenever it changes; with --kube-reader-account, the credentials that request the reader's token")
-	fs.StringVar(&o.readerAccount, "kube-reader-account", "", "ServiceAccount `name`, in --pod-namespace, whose token the plugin's kubeconfig carries: requested with TokenRequest, bound to this pod, renewed before it expires; give it only get on pods and namespaces. Empty: --kube-token-file's token itself")
+	fs.StringVar(&o.readerAccount, "kube-reader-account", "", "ServiceAccount `name`, in --pod-namespace, whose token the plugin's kubeconfig carries: requested with TokenRequest for an hour, renewed before it expires; give it only get on pods and namespaces. Empty: --kube-token-file's token itself")
 	fs.StringVar(&o.caFile, "kube-ca-file", DefaultCAFile, "the cluster's CA bundle `file` for the plugin's kubeconfig")
 	fs.StringVar(&o.kubeServer, "kube-server", "", "the Kubernetes API's https `URL` as the node reaches it; empty: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT")
 	if command == CmdInstall {
@@ -358,7 +355,7 @@ func parse(command string, args []string, lookupEnv func(string) (string, bool),
 		}
 		kube = &Kubeconfig{Path: filepath.Join(o.confDir, o.kubeconfigName), TokenFile: o.tokenFile, CAFile: o.caFile, Server: o.kubeServer}
 		if o.readerAccount != "" {
-			kube.Reader = &ReaderToken{Namespace: o.podNamespace, Account: o.readerAccount, PodName: o.podName, PodUID: o.podUID}
+			kube.Reader = &ReaderToken{Namespace: o.podNamespace, Account: o.readerAccount}
 		}
 	}
 	entry, err := o.entry(given)

@@ -146,7 +146,7 @@ func (in *Installer) kubeconfigToken(own string, ca []byte) (string, error) {
 		return "", err
 	}
 	in.readerToken = t
-	in.log.Info("plugin token issued", "service_account", r.Namespace+"/"+r.Account, "bound_to_pod", r.PodName, "expires", t.expires, "renew_at", t.renewAt)
+	in.log.Info("plugin token issued", "service_account", r.Namespace+"/"+r.Account, "expires", t.expires, "renew_at", t.renewAt)
 	return t.token, nil
 }
 

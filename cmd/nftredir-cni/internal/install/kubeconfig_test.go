@@ -237,8 +237,8 @@ func (a *tokenAPI) requests() []authenticationv1.TokenRequest {
 }
 
 // With a reader account the kubeconfig carries that account's token,
-// asked for with the pod's own and bound to the pod; it is renewed at 80%
-// of its life and not before, a failed renewal keeps a token that is still
+// asked for with the pod's own, for an hour; it is renewed at 80% of its
+// life and not before, a failed renewal keeps a token that is still
 // valid, and without one the installer is not ready.
 func TestKubeconfigReaderToken(t *testing.T) {
 	api := startTokenAPI(t)
@@ -255,7 +255,7 @@ func TestKubeconfigReaderToken(t *testing.T) {
 	}
 	cfg := n.config()
 	cfg.Kubeconfig = &Kubeconfig{Path: filepath.Join(n.conf, DefaultKubeconfigName), TokenFile: token, CAFile: ca, Server: api.srv.URL,
-		Reader: &ReaderToken{Namespace: "nftredir-system", Account: "nftredir-cni", PodName: "nftredir-x1", PodUID: "uid-1"}}
+		Reader: &ReaderToken{Namespace: "nftredir-system", Account: "nftredir-cni"}}
 	in, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -292,10 +292,8 @@ func TestKubeconfigReaderToken(t *testing.T) {
 	if len(asked) != 1 {
 		t.Fatalf("%d TokenRequests; want 1", len(asked))
 	}
-	spec := asked[0].Spec
-	if spec.ExpirationSeconds == nil || *spec.ExpirationSeconds != 3600 || spec.BoundObjectRef == nil ||
-		*spec.BoundObjectRef != (authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: "nftredir-x1", UID: "uid-1"}) {
-		t.Errorf("TokenRequest spec %+v (bound to %+v); want 3600s bound to pod nftredir-x1 uid-1", spec, spec.BoundObjectRef)
+	if spec := asked[0].Spec; spec.ExpirationSeconds == nil || *spec.ExpirationSeconds != 3600 || spec.BoundObjectRef != nil || len(spec.Audiences) != 0 {
+		t.Errorf("TokenRequest spec %+v; want an hour, for the API server's audience", spec)
 	}
 	if d := in.untilRenewal(); d < 47*time.Minute || d > 48*time.Minute {
 		t.Errorf("renewal in %s; want at 80%% of the hour", d)
@@ -345,8 +343,8 @@ func TestKubeconfigReaderToken(t *testing.T) {
 	}
 }
 
-// The read-only account comes from the chart's variable, bound to the
-// pod the Downward API names; it cannot be bound to no pod.
+// The read-only account comes from the chart's variable, in the pod's
+// namespace, which the Downward API names; it needs one.
 func TestParseReaderAccount(t *testing.T) {
 	env := map[string]string{
 		"NFTREDIR_KUBERNETES":              "true",
@@ -355,19 +353,18 @@ func TestParseReaderAccount(t *testing.T) {
 		"KUBERNETES_SERVICE_PORT":          "443",
 		"POD_NAME":                         "nftredir-x1",
 		"POD_NAMESPACE":                    "nftredir-system",
-		"POD_UID":                          "uid-1",
 	}
 	_, cfg, err := parse(CmdInstall, nil, envMap(env), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := ReaderToken{Namespace: "nftredir-system", Account: "nftredir-cni", PodName: "nftredir-x1", PodUID: "uid-1"}
+	want := ReaderToken{Namespace: "nftredir-system", Account: "nftredir-cni"}
 	if cfg.Kubeconfig == nil || cfg.Kubeconfig.Reader == nil || *cfg.Kubeconfig.Reader != want {
 		t.Fatalf("kubeconfig %+v; want reader %+v", cfg.Kubeconfig, want)
 	}
 	delete(env, "POD_NAME")
 	delete(env, "POD_NAMESPACE")
-	if _, _, err := parse(CmdInstall, nil, envMap(env), io.Discard); err == nil || !strings.Contains(err.Error(), "--pod-name") {
-		t.Errorf("a reader account without the pod: %v; want --pod-name named", err)
+	if _, _, err := parse(CmdInstall, nil, envMap(env), io.Discard); err == nil || !strings.Contains(err.Error(), "--pod-namespace") {
+		t.Errorf("a reader account without the pod's namespace: %v; want --pod-namespace named", err)
 	}
 }

@@ -17,15 +17,19 @@ import (
 
 // ReaderToken says which token the plugin's kubeconfig carries when it is
 // not the installer's own: one of a read-only ServiceAccount, asked for
-// with the TokenRequest API and bound to the installer's pod, so that the
-// file on the host can do nothing but the plugin's reads and stops
-// working when the pod is deleted.
+// with the TokenRequest API for a short life, so that the file on the
+// host can do nothing but the plugin's reads, for an hour at most after
+// the installer last renewed it, and not at all once the account is
+// deleted.
+//
+// It is bound to no object. The API refuses to bind a token to a pod that
+// runs as another ServiceAccount ("cannot bind token for serviceaccount
+// ... to pod running with different serviceaccount name"), and binding
+// to the Node is not there before Kubernetes 1.31 (beta) or 1.33 (GA);
+// the short life and the account's deletion at uninstall end it instead.
 type ReaderToken struct {
 	// Namespace and Account name the ServiceAccount.
 	Namespace, Account string
-	// PodName and PodUID are the pod the token is bound to (the UID may
-	// be empty: the API then binds to whatever pod has the name now).
-	PodName, PodUID string
 	// Lifetime is what each token is asked for. Zero:
 	// DefaultReaderTokenLifetime. The API refuses less than 10 minutes.
 	Lifetime time.Duration
@@ -46,9 +50,6 @@ func (r *ReaderToken) check() error {
 	var errs []error
 	if r.Namespace == "" || r.Account == "" {
 		errs = append(errs, errors.New("the plugin's read-only ServiceAccount needs a namespace and a name (--pod-namespace, --kube-reader-account)"))
-	}
-	if r.PodName == "" {
-		errs = append(errs, errors.New("the plugin's read-only token is bound to the installer's pod: --pod-name is required"))
 	}
 	if r.Lifetime != 0 && r.Lifetime < 10*time.Minute {
 		errs = append(errs, fmt.Errorf("token lifetime %s is under the API's minimum of 10m", r.Lifetime))
@@ -87,19 +88,11 @@ type tokenRequest struct {
 }
 
 type tokenRequestSpec struct {
-	ExpirationSeconds int64           `json:"expirationSeconds"`
-	BoundObjectRef    *boundObjectRef `json:"boundObjectRef,omitempty"`
-}
-
-type boundObjectRef struct {
-	Kind       string `json:"kind"`
-	APIVersion string `json:"apiVersion"`
-	Name       string `json:"name"`
-	UID        string `json:"uid,omitempty"`
+	ExpirationSeconds int64 `json:"expirationSeconds"`
 }
 
 // requestToken asks the API server at server (trusting caPEM) for a token
-// of r's account, bound to r's pod, authenticating with bearer.
+// of r's account, authenticating with bearer.
 func requestToken(ctx context.Context, server string, caPEM []byte, bearer string, r *ReaderToken) (*issuedToken, error) {
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(caPEM) {
@@ -112,10 +105,7 @@ func requestToken(ctx context.Context, server string, caPEM []byte, bearer strin
 	u.Path = strings.TrimSuffix(u.Path, "/") + "/api/v1/namespaces/" + url.PathEscape(r.Namespace) + "/serviceaccounts/" + url.PathEscape(r.Account) + "/token"
 	var body tokenRequest
 	body.APIVersion, body.Kind = "authentication.k8s.io/v1", "TokenRequest"
-	body.Spec = tokenRequestSpec{
-		ExpirationSeconds: int64(r.lifetime() / time.Second),
-		BoundObjectRef:    &boundObjectRef{Kind: "Pod", APIVersion: "v1", Name: r.PodName, UID: r.PodUID},
-	}
+	body.Spec = tokenRequestSpec{ExpirationSeconds: int64(r.lifetime() / time.Second)}
 	raw, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
