@@ -58,7 +58,7 @@ func addPod(ctx context.Context, e capture.Engine, path string, rs *nft.Ruleset,
 		return err
 	}
 	defer ns.Close()
-	if err := ns.Apply(ctx, rs, r); err != nil {
+	if _, err := ns.Apply(ctx, rs, r); err != nil {
 		return err
 	}
 	l, err := ns.Inspect(ctx, rs, r)

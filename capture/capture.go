@@ -33,11 +33,17 @@ type Namespace interface {
 
 	// Apply installs the policy routing, then replaces our table with rs
 	// in one transaction. On error the table is as it was; routing may
-	// have been added (Remove takes it out). A namespace holding another
-	// agent's capture is refused with ErrForeignCapture and left
-	// untouched, unless the engine takes over, which removes that capture
-	// in the same transaction; legacy iptables rules are always refused.
-	Apply(ctx context.Context, rs *nft.Ruleset, r netns.Routing) error
+	// have been added, which the returned Change says (also on error), and
+	// Undo takes out. A namespace holding another agent's capture is
+	// refused with ErrForeignCapture and left untouched, unless the engine
+	// takes over, which removes that capture in the same transaction;
+	// legacy iptables rules are always refused.
+	Apply(ctx context.Context, rs *nft.Ruleset, r netns.Routing) (Change, error)
+	// Undo takes out what one Apply did, as its Change says, and nothing
+	// else: a rule or route that was there before that Apply (another
+	// agent's, byte-equal to ours) stays. Another agent's capture that
+	// the Apply took over cannot be put back.
+	Undo(ctx context.Context, c Change) error
 	// Reroute replaces the routing old with r, for a pod whose daemon
 	// flags changed since it was enrolled; the table is left alone. r is
 	// installed even when removing old fails (the error says so): the two
@@ -54,6 +60,18 @@ type Namespace interface {
 	// Owner returns the pod id our table carries ("" when it cannot be
 	// attributed to exactly one pod) and whether the table exists.
 	Owner(ctx context.Context) (pod string, exists bool, err error)
+}
+
+// Change is what one Apply did to a namespace, so that the caller can
+// undo exactly that (Namespace.Undo) when the call it belongs to fails.
+type Change struct {
+	// Routing is what of the policy routing the Apply created.
+	Routing netns.Added
+	// Table: the Apply's transaction committed, so our table is the one it
+	// wrote. (On error it did not commit: the table is as it was.)
+	Table bool
+	// TookOver: that transaction also removed another agent's capture.
+	TookOver bool
 }
 
 // Live is what a namespace holds of a pod's capture right now.

@@ -90,7 +90,7 @@ func addPodAndOwner(path string) error {
 		return err
 	}
 	defer ns.Close()
-	if err := ns.Apply(ctx, rs, r); err != nil {
+	if _, err := ns.Apply(ctx, rs, r); err != nil {
 		return err
 	}
 	if _, err := ns.Inspect(ctx, rs, r); err != nil {

@@ -69,22 +69,45 @@ type kernelNamespace struct {
 // marks never point at a routing table that is not there yet, and
 // replaces our table (with the foreign capture, when taking over, in the
 // same transaction).
-func (ns *kernelNamespace) Apply(ctx context.Context, rs *nft.Ruleset, r netns.Routing) error {
+func (ns *kernelNamespace) Apply(ctx context.Context, rs *nft.Ruleset, r netns.Routing) (Change, error) {
 	h := ns.Handle
+	var c Change
 	f, err := ns.applier.FindForeign(ctx, h)
 	if err != nil {
-		return err
+		return c, err
 	}
 	if err := CheckForeign(h.Path(), f, ns.takeOver); err != nil {
-		return err
+		return c, err
 	}
-	if err := netns.EnsureRouting(h, r); err != nil {
-		return fmt.Errorf("install policy routing: %w", err)
+	if c.Routing, err = netns.EnsureRouting(h, r); err != nil {
+		return c, fmt.Errorf("install policy routing: %w", err)
 	}
 	if !f.Empty() {
-		return ns.applier.TakeOver(ctx, h, rs, f)
+		if err := ns.applier.TakeOver(ctx, h, rs, f); err != nil {
+			return c, err
+		}
+		c.Table, c.TookOver = true, true
+		return c, nil
 	}
-	return ns.applier.Apply(ctx, h, rs)
+	if err := ns.applier.Apply(ctx, h, rs); err != nil {
+		return c, err
+	}
+	c.Table = true
+	return c, nil
+}
+
+// Undo deletes the table when the Apply wrote it, then the routing it
+// created.
+func (ns *kernelNamespace) Undo(ctx context.Context, c Change) error {
+	if c.Table {
+		if err := ns.applier.Remove(ctx, ns.Handle); err != nil {
+			return err
+		}
+	}
+	if err := netns.RemoveAdded(ns.Handle, c.Routing); err != nil {
+		return fmt.Errorf("remove the policy routing it added: %w", err)
+	}
+	return nil
 }
 
 // Reroute removes the old routing before installing the new one: the two
@@ -97,7 +120,7 @@ func (ns *kernelNamespace) Reroute(_ context.Context, old, r netns.Routing) erro
 	if err := netns.RemoveRouting(h, old); err != nil {
 		rmErr = fmt.Errorf("remove previous policy routing: %w", err)
 	}
-	if err := netns.EnsureRouting(h, r); err != nil {
+	if _, err := netns.EnsureRouting(h, r); err != nil {
 		return errors.Join(rmErr, fmt.Errorf("install policy routing: %w", err))
 	}
 	return rmErr

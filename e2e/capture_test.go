@@ -170,7 +170,7 @@ func build(t *testing.T, s nft.Spec) *nft.Ruleset {
 func (p *pod) enrol(t *testing.T, s nft.Spec) *nft.Ruleset {
 	t.Helper()
 	rs := build(t, s)
-	if err := netns.EnsureRouting(p.h, netns.DefaultRouting()); err != nil {
+	if _, err := netns.EnsureRouting(p.h, netns.DefaultRouting()); err != nil {
 		t.Fatalf("EnsureRouting: %v", err)
 	}
 	if err := p.nl.Apply(t.Context(), p.h, rs); err != nil {
@@ -409,7 +409,7 @@ func TestSpoofedSource(t *testing.T) {
 			t.Fatal(err)
 		}
 		p.expectFail(t, p.Pod, spoofed(p.a.Peer))
-		if err := netns.EnsureRouting(p.h, netns.DefaultRouting()); err != nil {
+		if _, err := netns.EnsureRouting(p.h, netns.DefaultRouting()); err != nil {
 			t.Fatal(err)
 		}
 		p.expect(t, p.Pod, spoofed(p.a.Peer), app)

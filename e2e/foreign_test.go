@@ -152,7 +152,7 @@ func TestTakeOverIstioCNI(t *testing.T) {
 		time.Sleep(150 * time.Millisecond)
 		rs := build(t, p.ourSpec())
 		began := time.Now()
-		err = ns.Apply(t.Context(), rs, netns.DefaultRouting())
+		_, err = ns.Apply(t.Context(), rs, netns.DefaultRouting())
 		took := time.Since(began)
 		time.Sleep(150 * time.Millisecond)
 		close(stop)
@@ -236,7 +236,7 @@ func TestForeignCaptureRefused(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			err = ns.Apply(t.Context(), build(t, p.spec()), netns.DefaultRouting())
+			_, err = ns.Apply(t.Context(), build(t, p.spec()), netns.DefaultRouting())
 			ns.Close()
 			if !errors.Is(err, capture.ErrForeignCapture) || !strings.Contains(err.Error(), tc.names) {
 				t.Fatalf("%s: Apply = %v; want ErrForeignCapture naming %q", tc.name, err, tc.names)

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"path/filepath"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -98,6 +100,71 @@ func TestK8sAnnotations(t *testing.T) {
 		}
 		for _, p := range []*corev1.Pod{foreign, optOut} {
 			m.annotationStays(t, p.Namespace, p.Name, redirectionEnabled, 3*time.Second)
+		}
+	})
+
+	t.Run("a pod created again under the name is not the annotated one", func(t *testing.T) {
+		// A StatefulSet's web-0 deleted and created again while the
+		// agent's cache still holds the first: the patch must not reach
+		// the successor. Bound to a node that does not exist, neither pod
+		// ever runs (and the second could be on any node).
+		pod := func() *corev1.Pod {
+			p := m.StandinPod(t, "mesh", "web-0", 0, "elsewhere", "app")
+			return m.CreatePod(t, p)
+		}
+		first := pod()
+		zero := int64(0)
+		if err := m.Client.CoreV1().Pods("mesh").Delete(t.Context(), "web-0", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			if _, err := m.Client.CoreV1().Pods("mesh").Get(t.Context(), "web-0", metav1.GetOptions{}); apierrors.IsNotFound(err) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("web-0 not deleted")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		second := pod()
+		if second.UID == first.UID {
+			t.Fatal("the pod created again has the first one's uid")
+		}
+		t.Cleanup(func() {
+			m.Client.CoreV1().Pods("mesh").Delete(context.Background(), "web-0", metav1.DeleteOptions{GracePeriodSeconds: &zero})
+		})
+		annotation := func() (string, bool) {
+			p, err := m.Client.CoreV1().Pods("mesh").Get(t.Context(), "web-0", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			v, ok := p.Annotations[kube.RedirectionAnnotation]
+			return v, ok
+		}
+		if written, err := kube.SetRedirection(t.Context(), m.Client, first, redirectionEnabled); err != nil || written {
+			t.Errorf("annotating the deleted pod: written %v, %v; want neither", written, err)
+		}
+		if v, ok := annotation(); ok {
+			t.Fatalf("the successor was annotated %q through its predecessor", v)
+		}
+		// The successor annotated by someone else keeps it.
+		set := []byte(`{"metadata":{"annotations":{"` + kube.RedirectionAnnotation + `":"enabled"}}}`)
+		if _, err := m.Client.CoreV1().Pods("mesh").Patch(t.Context(), "web-0", types.MergePatchType, set, metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if written, err := kube.SetRedirection(t.Context(), m.Client, first, ""); err != nil || written {
+			t.Errorf("removing the deleted pod's annotation: written %v, %v; want neither", written, err)
+		}
+		if v, ok := annotation(); !ok || v != redirectionEnabled {
+			t.Fatalf("the successor's annotation removed through its predecessor: %q (present %v)", v, ok)
+		}
+		// The pod itself is annotated as before.
+		if written, err := kube.SetRedirection(t.Context(), m.Client, second, redirectionPending); err != nil || !written {
+			t.Fatalf("annotating the pod itself: written %v, %v", written, err)
+		}
+		if v, _ := annotation(); v != redirectionPending {
+			t.Errorf("annotation %q; want %q", v, redirectionPending)
 		}
 	})
 

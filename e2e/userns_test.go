@@ -91,7 +91,7 @@ func TestUserNamespacePod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := netns.EnsureRouting(h, netns.DefaultRouting()); err != nil {
+	if _, err := netns.EnsureRouting(h, netns.DefaultRouting()); err != nil {
 		t.Fatal(err)
 	}
 	a := nft.NewNetlink()

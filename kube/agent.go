@@ -481,15 +481,31 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 		if last, ok := a.applied.Load(uid); ok && rec != nil && last == fp {
 			return a.showCaptured(ctx, pod, rec)
 		}
-		a.own.Store(uid, struct{}{})
-		resp, err := a.enr.AddPod(withAgent(ctx), seen.request())
-		a.own.Delete(uid)
-		if err != nil {
-			if rec == nil && pathUnusable(err) {
-				// The remembered path no longer leads to the pod's
-				// namespace: only a new sandbox can tell us the new one.
-				_ = a.seen.forget(uid)
+		resp, err := a.enrolSeen(ctx, seen)
+		if err != nil && rec == nil && pathUnusable(err) {
+			// The remembered path no longer leads to the pod's namespace
+			// (its sandbox was made again, the node restarted): forget it,
+			// and look for the namespace among the runtime's pins now, as
+			// for a running pod never seen. Left to its next event, the
+			// pod would run uncaptured, listed nowhere, until the resync.
+			if ferr := a.seen.forget(uid); ferr != nil {
+				return ferr
 			}
+			log.Info("pod's remembered namespace is not its namespace any more; looking for it among the runtime's pins", "netns", seen.NetnsPath, "error", err)
+			found, derr := a.discover(ctx, log, pod)
+			if found == nil {
+				if derr != nil {
+					return derr
+				}
+				return a.showNotCaptured(ctx, pod)
+			}
+			if resp, err = a.enrolSeen(ctx, found); err != nil && pathUnusable(err) {
+				_ = a.seen.forget(uid)
+				a.refuse(log, pod, DiscoveryNotFound, ReasonNamespaceNotFound, err)
+				return a.showNotCaptured(ctx, pod)
+			}
+		}
+		if err != nil {
 			if aerr := a.showIfCaptured(ctx, pod); aerr != nil {
 				log.Warn("cannot annotate the pod", "error", aerr)
 			}
@@ -522,6 +538,14 @@ func (a *Agent) sync(ctx context.Context, uid string) error {
 	default:
 		return a.showNotCaptured(ctx, pod)
 	}
+}
+
+// enrolSeen enrols a pod through its sighting, as the agent's own
+// enrolment (its Added does not queue the pod again).
+func (a *Agent) enrolSeen(ctx context.Context, seen *sighting) (*nftredirv1.AddPodResponse, error) {
+	a.own.Store(seen.PodUID, struct{}{})
+	defer a.own.Delete(seen.PodUID)
+	return a.enr.AddPod(withAgent(ctx), seen.request())
 }
 
 // optionAnnotations is the pod's option annotations (nftredir.io/ and

@@ -3,12 +3,14 @@ package kube
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 	"github.com/nftredir/nftredir/zds"
@@ -69,8 +71,9 @@ func (a *Agent) showCaptured(ctx context.Context, pod *corev1.Pod, rec *nftredir
 const pendingGrace = time.Second
 
 // showIfCaptured annotates the pod if it is enrolled after all, after a
-// failed AddPod: one that waited in vain for the proxy's ack
-// (--zds-require-ack) leaves the pod captured, and "pending" says so.
+// failed AddPod: one of a pod captured before, that waited in vain for
+// the proxy's ack (--zds-require-ack), leaves the pod captured, and
+// "pending" says so.
 func (a *Agent) showIfCaptured(ctx context.Context, pod *corev1.Pod) error {
 	rec, err := a.enr.Enrolled(string(pod.UID))
 	if err != nil || rec == nil {
@@ -103,22 +106,43 @@ func (a *Agent) showNotCaptured(ctx context.Context, pod *corev1.Pod) error {
 	return a.marks.forget(uid)
 }
 
-// patchRedirection sets the annotation to value, or removes it for "".
-// Like istio-cni, through the pods/status subresource: it may change the
-// pod's metadata, and is the smaller grant.
+// patchRedirection sets the annotation to value, or removes it for "",
+// on pod (SetRedirection).
 func (a *Agent) patchRedirection(ctx context.Context, pod *corev1.Pod, value string) error {
-	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:null}}}`, RedirectionAnnotation)
+	_, err := SetRedirection(ctx, a.client, pod, value)
+	return err
+}
+
+// SetRedirection sets pod's redirection annotation to value, or removes
+// it for "". Like istio-cni, through the pods/status subresource: it may
+// change the pod's metadata, and is the smaller grant. The patch carries
+// the pod's uid, as the kubelet's status patches do: a pod of the same
+// name that is another one by now (deleted and created again, as a
+// StatefulSet's web-0 is, while the cache still held the first) is not
+// the caller's to annotate, possibly not even on this node, and the API
+// server refuses the change. A pod gone, or replaced so, is no error:
+// written says whether the annotation was written.
+func SetRedirection(ctx context.Context, c kubernetes.Interface, pod *corev1.Pod, value string) (written bool, err error) {
+	annotation := "null"
 	if value != "" {
-		patch = fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, RedirectionAnnotation, value)
+		annotation = strconv.Quote(value)
 	}
-	_, err := a.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}, "status")
-	if apierrors.IsNotFound(err) {
-		return nil
+	patch := fmt.Sprintf(`{"metadata":{"uid":%q,"annotations":{%q:%s}}}`, pod.UID, RedirectionAnnotation, annotation)
+	_, err = c.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}, "status")
+	switch {
+	case err == nil:
+		return true, nil
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case apierrors.IsConflict(err) || apierrors.IsInvalid(err):
+		// The uid did not match, or something else was wrong: only a
+		// look at the pod of that name tells which.
+		cur, gerr := c.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(gerr) || gerr == nil && cur.UID != pod.UID {
+			return false, nil
+		}
 	}
-	if err != nil {
-		return fmt.Errorf("annotate pod %s/%s %s=%q: %w", pod.Namespace, pod.Name, RedirectionAnnotation, value, err)
-	}
-	return nil
+	return false, fmt.Errorf("annotate pod %s/%s %s=%q: %w", pod.Namespace, pod.Name, RedirectionAnnotation, value, err)
 }
 
 // ProxyAcked queues the pod after the node proxy acked it over ZDS, so

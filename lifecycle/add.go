@@ -64,12 +64,26 @@ func (m *Manager) addLocked(ctx context.Context, req *nftredirv1.AddPodRequest, 
 	if why != "" {
 		return m.notCaptured(ctx, log, a.uid, why)
 	}
-	rec, prev, err := m.enrol(ctx, log, a, h)
+	rec, prev, chg, err := m.enrol(ctx, log, a, h)
 	if err == nil {
 		// Still under the pod's lock, so the proxy hears of this add
 		// before any later remove of the same pod.
 		err = m.handToProxy(ctx, log, prev, rec)
 		calltrace.Mark(ctx, "zds")
+		switch {
+		case err == nil:
+		case prev == nil && !chg.TookOver:
+			// Nothing of the pod's was here before this call, so a
+			// failure leaves nothing either: a pod captured to a proxy
+			// that does not serve it has no network at all.
+			m.abandonAdd(ctx, log, h, rec, chg)
+			err = proxyNotTakenNew(rec.PodUID, err)
+		default:
+			// The pod was captured before this call (or another agent's
+			// capture was taken over, which cannot be put back): it stays
+			// captured, by the rules this call wrote.
+			err = proxyNotTaken(rec.PodUID, err)
+		}
 	}
 	if err != nil {
 		log.Debug("add refused or failed", "error", err)
@@ -136,16 +150,37 @@ func (m *Manager) notCaptured(ctx context.Context, log hclog.Logger, uid, why st
 
 // enrol is the capture phase: addPod, then the node table, both under
 // lockProbe.
-func (m *Manager) enrol(ctx context.Context, log hclog.Logger, a *addPod, h capture.Namespace) (*state.Record, *state.Record, error) {
+func (m *Manager) enrol(ctx context.Context, log hclog.Logger, a *addPod, h capture.Namespace) (*state.Record, *state.Record, capture.Change, error) {
 	defer m.lockProbe()()
-	rec, prev, err := m.addPod(ctx, log, a, h)
+	rec, prev, chg, err := m.addPod(ctx, log, a, h)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, chg, err
 	}
 	calltrace.Mark(ctx, "finish")
 	m.probeAdded(ctx, log, rec)
 	calltrace.Mark(ctx, "probe")
-	return rec, prev, nil
+	return rec, prev, chg, nil
+}
+
+// abandonAdd takes back a new pod's committed enrolment whose call then
+// failed: the kernel work first (the record, still there should this
+// stop half way, makes reconcile or the pod's RemovePod finish the
+// job), then the record, the node table and the proxies.
+func (m *Manager) abandonAdd(ctx context.Context, log hclog.Logger, h capture.Namespace, rec *state.Record, chg capture.Change) {
+	ctx = context.WithoutCancel(ctx)
+	defer m.lockProbe()()
+	if err := h.Undo(ctx, chg); err != nil {
+		log.Error("cannot take back the capture of a failed add; reconcile will retry it", "error", err)
+		return
+	}
+	if err := m.store.Delete(rec.PodUID); err != nil {
+		log.Error("cannot delete the record of a failed add; reconcile will capture the pod again", "error", err)
+		return
+	}
+	m.owners.release(h.ID(), rec.PodUID)
+	m.watch.Publish(nftredirv1.EventType_EVENT_TYPE_REMOVED, podProto(rec))
+	m.released(ctx, log, rec.PodUID)
+	log.Info("capture taken back: the add failed after it", "netns_id", h.ID().String())
 }
 
 // addPod runs under the pod's lock. The record (intent) is written before
@@ -154,11 +189,12 @@ func (m *Manager) enrol(ctx context.Context, log hclog.Logger, a *addPod, h capt
 // or a record that reconcile completes, and an error reply means nothing
 // changed. It returns the new record and the previous one (nil for a new
 // pod).
-func (m *Manager) addPod(ctx context.Context, log hclog.Logger, a *addPod, h capture.Namespace) (*state.Record, *state.Record, error) {
+func (m *Manager) addPod(ctx context.Context, log hclog.Logger, a *addPod, h capture.Namespace) (*state.Record, *state.Record, capture.Change, error) {
+	var chg capture.Change
 	id := h.ID()
 	prev, err := m.store.Get(a.uid)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, chg, err
 	}
 	var prevID netns.ID
 	if prev != nil {
@@ -196,25 +232,25 @@ func (m *Manager) addPod(ctx context.Context, log hclog.Logger, a *addPod, h cap
 	// against this very ruleset.
 	rs, err := nft.Build(a.spec)
 	if err != nil {
-		return nil, nil, invalidf("options: %v", err)
+		return nil, nil, chg, invalidf("options: %v", err)
 	}
 	if err := m.claim(h, a.uid); err != nil {
-		return nil, nil, err
+		return nil, nil, chg, err
 	}
 	// The rollback covers the write itself: Put can fail after its rename
 	// (the directory fsync), leaving the new record in place.
 	committed := false
 	defer func() {
 		if !committed {
-			m.rollbackAdd(log, h, rec, prev, sameNS)
+			m.rollbackAdd(log, h, rec, prev, sameNS, chg)
 		}
 	}()
 	if err := m.store.Put(rec); err != nil {
-		return nil, nil, err
+		return nil, nil, chg, err
 	}
 	calltrace.Mark(ctx, "record")
-	if err := h.Apply(ctx, rs, m.routing); err != nil {
-		return nil, nil, err
+	if chg, err = h.Apply(ctx, rs, m.routing); err != nil {
+		return nil, nil, chg, err
 	}
 	committed = true
 	calltrace.Mark(ctx, "kernel")
@@ -240,7 +276,7 @@ func (m *Manager) addPod(ctx context.Context, log hclog.Logger, a *addPod, h cap
 	default:
 		log.Debug("pod re-applied", "digest", rs.Digest)
 	}
-	return rec, prev, nil
+	return rec, prev, chg, nil
 }
 
 // claim makes uid the owner of the opened namespace, unless another pod
@@ -291,29 +327,19 @@ func (m *Manager) stillOwns(owner string, id netns.ID) bool {
 
 // rollbackAdd undoes addPod after the record was written. It runs on
 // error and on panic, with a context of its own: the caller's may be
-// the reason for the failure.
-func (m *Manager) rollbackAdd(log hclog.Logger, h capture.Namespace, rec, prev *state.Record, sameNS bool) {
+// the reason for the failure. In the namespace it takes out only what
+// this call created (chg): Apply is atomic, so the table is as it was,
+// and of the policy routing only the entries that were not there before
+// go. Another agent's identical routing (istio-cni's, by default), or
+// the pod's recorded routing under changed daemon flags, stays.
+func (m *Manager) rollbackAdd(log hclog.Logger, h capture.Namespace, rec, prev *state.Record, sameNS bool, chg capture.Change) {
 	ctx := context.Background()
 	var errs []error
+	if err := h.Undo(ctx, chg); err != nil {
+		errs = append(errs, err)
+	}
 	if !sameNS {
-		// The namespace had nothing of this pod's before the call. Apply is
-		// atomic, so the table is as it was; routing may have been added.
-		if err := h.Remove(ctx, m.routing); err != nil {
-			// Remove stops at a table it cannot delete, but no table of
-			// this pod's is there to keep the routing for: the routing
-			// goes regardless, or nothing would ever take it out.
-			errs = append(errs, err, h.RemoveRouting(ctx, m.routing))
-		}
 		m.owners.release(h.ID(), rec.PodUID)
-	} else if rec.Routing != prev.Routing {
-		// Apply installs the routing before the table, so a failed
-		// re-apply under changed daemon flags may have left the new
-		// routing next to the recorded one, where nothing would ever
-		// remove it. Reroute takes it out and makes sure of the
-		// recorded one, whose route the two may share.
-		if err := h.Reroute(ctx, m.routing, prev.Routing.Netns()); err != nil {
-			errs = append(errs, err)
-		}
 	}
 	// A watcher or proxy that took a snapshot while the new record
 	// existed may hold the pod as this call would have left it: tell

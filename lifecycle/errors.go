@@ -65,11 +65,17 @@ func netnsInUse(path string, id netns.ID, owner string) error {
 	return fmt.Errorf("netns_path %s (namespace %s): %w %q; release it with RemovePod first", path, id, ErrNetnsInUse, owner)
 }
 
-// proxyNotTaken is an AddPod that committed the capture but whose node
-// proxy did not ack the pod (--zds-require-ack): the same AddPod repeated
-// is the remedy.
+// proxyNotTaken is an AddPod of a pod that was captured before it, whose
+// node proxy did not ack the pod (--zds-require-ack): the pod stays
+// captured; the same AddPod repeated is the remedy.
 func proxyNotTaken(uid string, err error) error {
 	return Errorf(KindUnavailable, "pod %s is captured but the node proxy has not taken it: %v; retry AddPod", uid, err)
+}
+
+// proxyNotTakenNew is the same for a pod that was not captured before the
+// AddPod: its capture was taken back, so nothing changed.
+func proxyNotTakenNew(uid string, err error) error {
+	return Errorf(KindUnavailable, "pod %s was not captured: the node proxy has not taken it: %v; nothing was changed; retry AddPod", uid, err)
 }
 
 // invalidf is a request the caller must fix before retrying.

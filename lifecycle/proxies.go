@@ -86,8 +86,8 @@ func (m *Manager) released(ctx context.Context, log hclog.Logger, uid string) {
 
 // handToProxy gives the pod to the node proxy after AddPod committed it.
 // Without ZDSRequireAck it returns at once. With it, it waits for the
-// proxy's ack and reports a failure as KindUnavailable: the pod stays
-// enrolled, and a repeated AddPod waits again.
+// proxy's ack and returns why there was none; the caller decides what
+// stays of the pod (addLocked).
 func (m *Manager) handToProxy(ctx context.Context, log hclog.Logger, prev, rec *state.Record) error {
 	if m.zds == nil {
 		return nil
@@ -103,7 +103,7 @@ func (m *Manager) handToProxy(ctx context.Context, log hclog.Logger, prev, rec *
 	}
 	if err := m.zds.PodAddedWait(ctx, zds.PodOf(rec)); err != nil {
 		log.Warn("node proxy has not taken the pod", "error", err)
-		return proxyNotTaken(rec.PodUID, err)
+		return err
 	}
 	return nil
 }

@@ -149,7 +149,7 @@ func (m *Manager) repair(ctx context.Context, h capture.Namespace, rec *state.Re
 	if err != nil {
 		return err
 	}
-	if err := h.Apply(ctx, rs, rec.Routing.Netns()); err != nil {
+	if _, err := h.Apply(ctx, rs, rec.Routing.Netns()); err != nil {
 		return err
 	}
 	rec.UpdatedAt = m.now()

@@ -107,9 +107,10 @@ func ParseID(s string) (ID, error) {
 // namespace after Open goes through Fd, so a path swapped after the checks
 // cannot redirect the work elsewhere.
 type Handle struct {
-	fd   int
-	path string
-	id   ID
+	fd    int
+	path  string
+	id    ID
+	fault func(path, step string) error
 
 	mu sync.Mutex
 	// protects the following field: the sockets made inside the
@@ -153,6 +154,7 @@ type Guard struct {
 	protected []ID
 	warnings  []string
 	timeout   time.Duration
+	fault     func(path, step string) error
 	// slots holds a token per open in the kernel.
 	slots chan struct{}
 
@@ -172,6 +174,12 @@ type GuardConfig struct {
 	OpenTimeout time.Duration
 	// MaxPendingOpens bounds the opens in the kernel at once.
 	MaxPendingOpens int
+	// Fault, when set, is asked before each change a handle of the guard
+	// makes to a namespace's policy routing (the steps RoutingSteps
+	// names), with the namespace's path; an error it returns fails that
+	// change as a refusal by the kernel would. Tests fail each step of an
+	// AddPod in turn with it; nil in the daemon.
+	Fault func(path, step string) error
 }
 
 // NewGuard builds a Guard that protects this process's namespace, PID 1's
@@ -189,7 +197,7 @@ func NewGuardConfig(cfg GuardConfig) (*Guard, error) {
 	if cfg.MaxPendingOpens <= 0 {
 		cfg.MaxPendingOpens = DefaultMaxPendingOpens
 	}
-	g := &Guard{timeout: cfg.OpenTimeout, slots: make(chan struct{}, cfg.MaxPendingOpens), pending: map[string]chan struct{}{}}
+	g := &Guard{timeout: cfg.OpenTimeout, fault: cfg.Fault, slots: make(chan struct{}, cfg.MaxPendingOpens), pending: map[string]chan struct{}{}}
 	for _, p := range append([]string{"/proc/self/ns/net", "/proc/1/ns/net"}, cfg.Protect...) {
 		id, err := statID(p)
 		if err != nil {
@@ -319,7 +327,7 @@ func (g *Guard) open(path string, flags int) (*Handle, error) {
 	if err != nil {
 		return nil, openError(path, err)
 	}
-	h := &Handle{fd: fd, path: path}
+	h := &Handle{fd: fd, path: path, fault: g.fault}
 	if err := g.check(h); err != nil {
 		h.Close()
 		return nil, err

@@ -127,17 +127,78 @@ func families(nh *netlink.Handle) (lo netlink.Link, fams []int, err error) {
 	return lo, fams, nil
 }
 
-// EnsureRouting installs the local route and then the fwmark rule for each
-// family (route first, so the rule never points at an empty table).
-// Existing entries are left as they are; calling it twice is harmless.
-func EnsureRouting(h *Handle, r Routing) error {
-	if err := r.Validate(); err != nil {
-		return err
-	}
-	return h.withRoute(func(nh *netlink.Handle) error { return ensureRouting(nh, r) })
+// Added is what one EnsureRouting call created in a namespace: the
+// entries of Routing that were missing before it, and whether it brought
+// loopback up. Undoing that call removes exactly these (RemoveAdded), so
+// that an identical rule or route that was there first (istio-cni
+// installs the same policy routing as ours, by default) stays where it
+// was.
+type Added struct {
+	Routing         Routing
+	V4Rule, V4Route bool
+	V6Rule, V6Route bool
+	// LoopbackUp: lo was down and the call brought it up.
+	LoopbackUp bool
 }
 
-func ensureRouting(nh *netlink.Handle, r Routing) error {
+// Empty reports whether the call created nothing.
+func (a Added) Empty() bool {
+	return !a.V4Rule && !a.V4Route && !a.V6Rule && !a.V6Route && !a.LoopbackUp
+}
+
+func (a *Added) note(family int, rule, route bool) {
+	if family == unix.AF_INET6 {
+		a.V6Rule, a.V6Route = a.V6Rule || rule, a.V6Route || route
+		return
+	}
+	a.V4Rule, a.V4Route = a.V4Rule || rule, a.V4Route || route
+}
+
+// EnsureRouting installs the local route and then the fwmark rule for each
+// family (route first, so the rule never points at an empty table).
+// Existing entries are left as they are; calling it twice is harmless. It
+// reports what it created, also when it fails part way.
+func EnsureRouting(h *Handle, r Routing) (Added, error) {
+	added := Added{Routing: r}
+	if err := r.Validate(); err != nil {
+		return added, err
+	}
+	err := h.withRoute(func(nh *netlink.Handle) error { return ensureRouting(nh, r, &added, h.step) })
+	return added, err
+}
+
+// The changes EnsureRouting makes, in its order, as a Guard's Fault sees
+// them: lo brought up (only when down), then per family the local route
+// and the fwmark rule.
+const (
+	StepLoopbackUp = "lo up"
+	StepRouteV4    = "route v4"
+	StepRuleV4     = "rule v4"
+	StepRouteV6    = "route v6"
+	StepRuleV6     = "rule v6"
+)
+
+// RoutingSteps lists the changes of an EnsureRouting in a namespace with
+// IPv6 whose lo is up, in order.
+var RoutingSteps = []string{StepRouteV4, StepRuleV4, StepRouteV6, StepRuleV6}
+
+// step asks the guard's Fault, if any, whether the change named step may
+// go ahead.
+func (h *Handle) step(step string) error {
+	if h.fault == nil {
+		return nil
+	}
+	return h.fault(h.path, step)
+}
+
+func familyStep(family int, v4, v6 string) string {
+	if family == unix.AF_INET6 {
+		return v6
+	}
+	return v4
+}
+
+func ensureRouting(nh *netlink.Handle, r Routing, added *Added, step func(string) error) error {
 	lo, err := loopback(nh)
 	if err != nil {
 		return err
@@ -148,23 +209,94 @@ func ensureRouting(nh *netlink.Handle, r Routing) error {
 		// Runtimes bring lo up in the sandbox; we do if it is not yet.
 		// RemoveRouting leaves it up: a pod without a working loopback
 		// is broken anyway, and nothing else may rely on it being down.
+		// Only undoing this very call (RemoveAdded) takes it down again.
+		if err := step(StepLoopbackUp); err != nil {
+			return fmt.Errorf("bring up lo: %w", err)
+		}
 		if err := nh.LinkSetUp(lo); err != nil {
 			return fmt.Errorf("bring up lo: %w", err)
 		}
+		added.LoopbackUp = true
 	}
 	lo, fams, err := families(nh)
 	if err != nil {
 		return err
 	}
 	for _, fam := range fams {
-		if err := nh.RouteReplace(r.route(fam, lo.Attrs().Index)); err != nil {
+		want := r.route(fam, lo.Attrs().Index)
+		if err := step(familyStep(fam, StepRouteV4, StepRouteV6)); err != nil {
 			return fmt.Errorf("add local route (family %d, table %d): %w", fam, r.Table, err)
 		}
-		if err := nh.RuleAdd(r.rule(fam)); err != nil && !errors.Is(err, unix.EEXIST) {
+		// Added exclusively, so that a route that is already there (ours
+		// or another agent's identical one) is told apart from a new
+		// one; a different route under the same key is replaced, as
+		// the table's routes must be ours to work.
+		switch err := nh.RouteAdd(want); {
+		case err == nil:
+			added.note(fam, false, true)
+		case !errors.Is(err, unix.EEXIST):
+			return fmt.Errorf("add local route (family %d, table %d): %w", fam, r.Table, err)
+		default:
+			same, lerr := hasRoute(nh, r, fam, lo.Attrs().Index)
+			if lerr != nil {
+				return lerr
+			}
+			if !same {
+				if err := nh.RouteReplace(want); err != nil {
+					return fmt.Errorf("replace local route (family %d, table %d): %w", fam, r.Table, err)
+				}
+				added.note(fam, false, true)
+			}
+		}
+		if err := step(familyStep(fam, StepRuleV4, StepRuleV6)); err != nil {
+			return fmt.Errorf("add fwmark rule (family %d): %w", fam, err)
+		}
+		switch err := nh.RuleAdd(r.rule(fam)); {
+		case err == nil:
+			added.note(fam, true, false)
+		case !errors.Is(err, unix.EEXIST):
 			return fmt.Errorf("add fwmark rule (family %d): %w", fam, err)
 		}
 	}
 	return nil
+}
+
+// RemoveAdded undoes one EnsureRouting call: it deletes the rules, then
+// the routes, that the call created, and takes loopback down again if the
+// call brought it up. Entries that were there before the call are left.
+func RemoveAdded(h *Handle, a Added) error {
+	if a.Empty() {
+		return nil
+	}
+	return h.withRoute(func(nh *netlink.Handle) error {
+		var errs []error
+		for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
+			rule, route := a.V4Rule, a.V4Route
+			if fam == unix.AF_INET6 {
+				rule, route = a.V6Rule, a.V6Route
+			}
+			if rule {
+				if err := nh.RuleDel(a.Routing.rule(fam)); err != nil && !isGone(err) {
+					errs = append(errs, fmt.Errorf("delete fwmark rule (family %d): %w", fam, err))
+				}
+			}
+			if route {
+				if err := nh.RouteDel(a.Routing.route(fam, 0)); err != nil && !isGone(err) {
+					errs = append(errs, fmt.Errorf("delete local route (family %d): %w", fam, err))
+				}
+			}
+		}
+		if a.LoopbackUp {
+			lo, err := loopback(nh)
+			if err == nil {
+				err = nh.LinkSetDown(lo)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("take lo down again: %w", err))
+			}
+		}
+		return errors.Join(errs...)
+	})
 }
 
 // RemoveRouting deletes the rule and then the route for each family. It
@@ -223,20 +355,9 @@ func inspectRouting(nh *netlink.Handle, r Routing) (RoutingState, error) {
 		if err != nil && !errors.Is(err, unix.EAFNOSUPPORT) {
 			return st, fmt.Errorf("list rules (family %d): %w", fam, err)
 		}
-		routes, err := nh.RouteListFiltered(fam, &netlink.Route{Table: r.Table}, netlink.RT_FILTER_TABLE)
-		if err != nil && !errors.Is(err, unix.EAFNOSUPPORT) {
-			return st, fmt.Errorf("list routes (family %d): %w", fam, err)
-		}
-		hasRoute := false
-		for _, rt := range routes {
-			isDefault := rt.Dst == nil
-			if rt.Dst != nil {
-				ones, _ := rt.Dst.Mask.Size()
-				isDefault = ones == 0
-			}
-			if rt.Type == unix.RTN_LOCAL && rt.LinkIndex == lo.Attrs().Index && isDefault {
-				hasRoute = true
-			}
+		hasRoute, err := hasRoute(nh, r, fam, lo.Attrs().Index)
+		if err != nil {
+			return st, err
 		}
 		if fam == unix.AF_INET {
 			st.V4Rule, st.V4Route = len(rules) > 0, hasRoute
@@ -245,6 +366,26 @@ func inspectRouting(nh *netlink.Handle, r Routing) (RoutingState, error) {
 		}
 	}
 	return st, nil
+}
+
+// hasRoute reports whether r's table holds the local default route
+// through the loopback device loIndex for family.
+func hasRoute(nh *netlink.Handle, r Routing, family, loIndex int) (bool, error) {
+	routes, err := nh.RouteListFiltered(family, &netlink.Route{Table: r.Table}, netlink.RT_FILTER_TABLE)
+	if err != nil && !errors.Is(err, unix.EAFNOSUPPORT) {
+		return false, fmt.Errorf("list routes (family %d): %w", family, err)
+	}
+	for _, rt := range routes {
+		isDefault := rt.Dst == nil
+		if rt.Dst != nil {
+			ones, _ := rt.Dst.Mask.Size()
+			isDefault = ones == 0
+		}
+		if rt.Type == unix.RTN_LOCAL && rt.LinkIndex == loIndex && isDefault {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 func isGone(err error) bool {

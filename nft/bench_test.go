@@ -84,7 +84,7 @@ func BenchmarkApply(b *testing.B) {
 	}
 	a := nft.NewNetlink()
 	benchPerNetns(b, func(f freshNetns) error {
-		if err := netns.EnsureRouting(f.h, netns.DefaultRouting()); err != nil {
+		if _, err := netns.EnsureRouting(f.h, netns.DefaultRouting()); err != nil {
 			return err
 		}
 		return a.Apply(context.Background(), f.h, rs)
@@ -100,7 +100,7 @@ func BenchmarkApplyRemove(b *testing.B) {
 	a := nft.NewNetlink()
 	ctx := context.Background()
 	benchPerNetns(b, func(f freshNetns) error {
-		if err := netns.EnsureRouting(f.h, netns.DefaultRouting()); err != nil {
+		if _, err := netns.EnsureRouting(f.h, netns.DefaultRouting()); err != nil {
 			return err
 		}
 		if err := a.Apply(ctx, f.h, rs); err != nil {

@@ -36,7 +36,7 @@ func capturePod(t *testing.T, pod *nstest.Netns, uid string) {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	if err := netns.EnsureRouting(h, netns.DefaultRouting()); err != nil {
+	if _, err := netns.EnsureRouting(h, netns.DefaultRouting()); err != nil {
 		t.Fatal(err)
 	}
 	rs, err := nft.Build(nft.DefaultSpec(uid))

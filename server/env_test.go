@@ -392,7 +392,7 @@ type hookNamespace struct {
 	hooks *hookEngine
 }
 
-func (n *hookNamespace) Apply(ctx context.Context, rs *nft.Ruleset, r netns.Routing) error {
+func (n *hookNamespace) Apply(ctx context.Context, rs *nft.Ruleset, r netns.Routing) (capture.Change, error) {
 	if n.hooks.beforeApply != nil {
 		n.hooks.beforeApply(rs)
 	}

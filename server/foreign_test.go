@@ -7,6 +7,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/nftredir/nftredir/capture/capturetest"
+	"github.com/nftredir/nftredir/netns"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
@@ -17,6 +19,58 @@ import (
 func TestForeignCaptureOverTheAPI(t *testing.T) {
 	t.Run("refused", testForeignRefused)
 	t.Run("taken", testForeignTakenOver)
+	t.Run("refused beside its routing", testRefusedBesideForeignRouting)
+}
+
+// istio-cni's policy routing is byte-equal to ours by default. A refused
+// AddPod, and each retry of it, leaves that routing where it is: taking it
+// out would break the other agent's inbound tproxy and its proxy's
+// mark-routed replies. So does an AddPod whose table batch fails beside
+// another agent's routing (take-over on), and a refusal of legacy rules.
+func testRefusedBesideForeignRouting(t *testing.T) {
+	onEngines(t, func(t *testing.T, w *world) {
+		ts := startServer(t, true, withWorld(w))
+		cases := []struct {
+			name    string
+			setup   func(ns string)
+			code    codes.Code
+			message string
+		}{
+			{"iptables-nft chains", func(ns string) { w.AddForeignCapture(t, ns) }, codes.FailedPrecondition, "ISTIO_OUTPUT"},
+			{"legacy rules", func(ns string) { w.AddLegacyCapture(t, ns) }, codes.FailedPrecondition, "legacy"},
+		}
+		if w.fake != nil {
+			cases = append(cases, struct {
+				name    string
+				setup   func(ns string)
+				code    codes.Code
+				message string
+			}{"a failed table batch", func(string) { w.fake.FailNext(capturetest.OpApply, errInjected) }, codes.Internal, errInjected.Error()})
+		}
+		for _, c := range cases {
+			t.Run(c.name, func(t *testing.T) {
+				ns := ts.newNS(t)
+				w.AddRouting(t, ns, netns.DefaultRouting())
+				c.setup(ns)
+				before := w.Dump(t, ns)
+				for try := 1; try <= 3; try++ {
+					_, err := ts.add(t, "beside-"+strings.ReplaceAll(c.name, " ", "-"), ns)
+					if status.Code(err) != c.code || !strings.Contains(status.Convert(err).Message(), c.message) {
+						t.Fatalf("try %d: AddPod = %v; want %v naming %q", try, err, c.code, c.message)
+					}
+					if got := w.Dump(t, ns); got != before {
+						t.Fatalf("try %d changed the namespace\n--- before\n%s\n--- after\n%s", try, before, got)
+					}
+					if c.name == "a failed table batch" && try < 3 {
+						w.fake.FailNext(capturetest.OpApply, errInjected)
+					}
+				}
+				if n := len(ts.records(t)); n != 0 {
+					t.Errorf("%d records after refusals", n)
+				}
+			})
+		}
+	})
 }
 
 func testForeignRefused(t *testing.T) {

@@ -93,6 +93,14 @@ func (f *fakeZDS) ack(uid string) {
 	f.states[uid] = zds.StateAcked
 }
 
+// forget makes the pod unacked, as a proxy that reconnected and has not
+// acked it yet.
+func (f *fakeZDS) forget(uid string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.states[uid] = "pending"
+}
+
 func (f *fakeZDS) takeCalls() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -236,31 +244,69 @@ func TestReconcileDropTellsProxies(t *testing.T) {
 	wantCalls(t, "zds", z.takeCalls(), "del pod-1 listed=false")
 }
 
-func TestRequireAckFailureKeepsThePodEnrolled(t *testing.T) {
+// A new pod the node proxy does not take is not left captured: the
+// namespace is as before the AddPod, the pod not enrolled, the proxy told
+// to forget it; the retry the error asks for waits again and succeeds
+// once acked.
+func TestRequireAckFailureOfANewPodChangesNothing(t *testing.T) {
+	onEngines(t, func(t *testing.T, w *world) {
+		z, p := newFakeZDS(), &fakeProbe{}
+		ts := startServer(t, true, withWorld(w), func(c *testConfig) { c.Pods.ZDS, c.Pods.ZDSRequireAck, c.Pods.Probe = z, true, p })
+		z.store = ts.pods.Store()
+		ns := ts.newNS(t)
+		before := w.Dump(t, ns)
+		z.waitErr = zds.ErrNoProxy
+		p.takeCalls()
+		for try := 1; try <= 2; try++ {
+			_, err := ts.add(t, "pod-1", ns)
+			if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "pod pod-1 was not captured: the node proxy has not taken it") ||
+				!strings.Contains(err.Error(), zds.ErrNoProxy.Error()) || !strings.Contains(err.Error(), "retry AddPod") {
+				t.Fatalf("try %d: AddPod without an ack: %v; want Unavailable saying nothing changed and to retry", try, err)
+			}
+			if got := w.Dump(t, ns); got != before {
+				t.Fatalf("try %d: the failed AddPod changed the namespace\n--- before\n%s\n--- after\n%s", try, before, got)
+			}
+			if n := len(ts.records(t)); n != 0 {
+				t.Fatalf("try %d: %d records after the failed AddPod", try, n)
+			}
+			wantCalls(t, "zds", z.takeCalls(), "addwait pod-1 listed=true", "del pod-1 listed=false")
+			wantCalls(t, "probe", p.takeCalls(), "add pod-1 [10.244.0.9]", "remove pod-1")
+		}
+		z.waitErr = nil
+		resp, err := ts.add(t, "pod-1", ns)
+		if err != nil || resp.GetPod().GetZdsState() != "acked" {
+			t.Fatalf("retried AddPod: %v, %v; want OK and acked", resp, err)
+		}
+		wantCalls(t, "zds", z.takeCalls(), "addwait pod-1 listed=true")
+		// Acked and unchanged: a repeat does not wait for the proxy again.
+		if _, err := ts.add(t, "pod-1", ns); err != nil {
+			t.Fatal(err)
+		}
+		wantCalls(t, "zds after a repeat", z.takeCalls())
+	})
+}
+
+// A pod captured before keeps its capture when a later AddPod's wait for
+// the ack fails: it is enrolled, and the retry waits again.
+func TestRequireAckFailureKeepsAnEnrolledPod(t *testing.T) {
 	ts, z, _ := startProxiedServer(t, true)
 	ns := ts.newNS(t)
+	ts.mustAdd(t, "pod-1", ns)
+	z.takeCalls()
+	z.forget("pod-1")
 	z.waitErr = zds.ErrNoProxy
 	_, err := ts.add(t, "pod-1", ns)
-	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "pod pod-1 is captured but the node proxy has not taken it") ||
-		!strings.Contains(err.Error(), zds.ErrNoProxy.Error()) || !strings.Contains(err.Error(), "retry AddPod") {
-		t.Fatalf("AddPod without an ack: %v; want Unavailable saying the pod is captured and to retry", err)
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "pod pod-1 is captured but the node proxy has not taken it") {
+		t.Fatalf("AddPod without an ack: %v; want Unavailable saying the pod is captured", err)
 	}
 	got := ts.get(t, "pod-1")
-	if got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC || got.GetPod().GetZdsState() != "no proxy connected" {
-		t.Errorf("after the failed wait: %v, zds_state %q; want IN_SYNC and no proxy connected", got.SyncStatus, got.GetPod().GetZdsState())
+	if got.SyncStatus != nftredirv1.SyncStatus_SYNC_STATUS_IN_SYNC {
+		t.Errorf("after the failed wait: %v; want IN_SYNC", got.SyncStatus)
 	}
-	// The retry the error asks for waits again, and succeeds once acked.
 	z.waitErr = nil
-	resp, err := ts.add(t, "pod-1", ns)
-	if err != nil || resp.GetPod().GetZdsState() != "acked" {
+	if resp, err := ts.add(t, "pod-1", ns); err != nil || resp.GetPod().GetZdsState() != "acked" {
 		t.Fatalf("retried AddPod: %v, %v; want OK and acked", resp, err)
 	}
-	wantCalls(t, "zds", z.takeCalls(), "addwait pod-1 listed=true", "addwait pod-1 listed=true")
-	// Acked and unchanged: a repeat does not wait for the proxy again.
-	if _, err := ts.add(t, "pod-1", ns); err != nil {
-		t.Fatal(err)
-	}
-	wantCalls(t, "zds after a repeat", z.takeCalls())
 }
 
 func TestFailedAddTellsTheProxyToForgetThePod(t *testing.T) {

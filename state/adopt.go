@@ -63,6 +63,25 @@ func AdoptAgentDir(old, stateDir string, log hclog.Logger) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("adopt %s: %w", old, err)
 	}
+	// Names are compared as the kernel resolves them, and the directories
+	// by identity: a link to the agent's place (kept for a rollback), a
+	// parent reached through a link (/var/run is /run) or a bind mount of
+	// it is the agent's place itself, whose every file would otherwise
+	// count as already moved and be deleted.
+	if same, err := sameFile(old, dst); err != nil || same {
+		return 0, err
+	}
+	realOld, err := filepath.EvalSymlinks(old)
+	if err != nil {
+		return 0, fmt.Errorf("adopt %s: %w", old, err)
+	}
+	realState, err := resolveExisting(stateDir)
+	if err != nil {
+		return 0, fmt.Errorf("adopt %s: %w", old, err)
+	}
+	if err := CheckAdopt(realOld, realState); err != nil {
+		return 0, err
+	}
 	link := ""
 	if fi.Mode()&fs.ModeSymlink != 0 {
 		// A DaemonSet may have pointed the old flag at a link: what it
@@ -97,6 +116,14 @@ func AdoptAgentDir(old, stateDir string, log hclog.Logger) (int, error) {
 			return err
 		}
 		to := filepath.Join(dst, rel)
+		if same, err := sameFile(path, to); err != nil || same {
+			// Never a file deleted as its own copy: two names of one
+			// directory that the checks above missed.
+			if err == nil {
+				err = fmt.Errorf("%s and %s are the same file", path, to)
+			}
+			return err
+		}
 		switch {
 		case d.IsDir():
 			dirs = append(dirs, path)
@@ -152,6 +179,42 @@ func CheckAdopt(old, stateDir string) error {
 		return fmt.Errorf("the Kubernetes agent's old directory %s and the state directory %s overlap", old, stateDir)
 	}
 	return nil
+}
+
+// sameFile reports whether a and b both exist and are the same file (one
+// device and inode), following links.
+func sameFile(a, b string) (bool, error) {
+	fa, err := os.Stat(a)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	fb, err := os.Stat(b)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return os.SameFile(fa, fb), nil
+}
+
+// resolveExisting resolves the links of path's longest existing prefix and
+// appends the rest: the name path will have once created.
+func resolveExisting(path string) (string, error) {
+	rest := ""
+	for p := path; ; p = filepath.Dir(p) {
+		real, err := filepath.EvalSymlinks(p)
+		if err == nil {
+			return filepath.Join(real, rest), nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) || p == filepath.Dir(p) {
+			return "", err
+		}
+		rest = filepath.Join(filepath.Base(p), rest)
+	}
 }
 
 // moveFile moves src to dst durably, copying across filesystems.

@@ -253,3 +253,66 @@ func copyInto(t *testing.T, src, dst string) {
 		}
 	}
 }
+
+// TestAdoptOfTheAgentDirUnderAnotherName: an old directory that is the
+// agent's place in the state directory under another name (a link kept
+// for a rollback, a parent reached through a link as /var/run is /run, or
+// the same directory bind-mounted elsewhere) is nothing to move, and
+// nothing in it is deleted, on every start.
+func TestAdoptOfTheAgentDirUnderAnotherName(t *testing.T) {
+	setup := func(t *testing.T) (stateDir string, want []string) {
+		run := t.TempDir()
+		stateDir = filepath.Join(run, "pods")
+		if err := os.MkdirAll(stateDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		copyInto(t, filepath.Join(agentFixtures, "seen"), AgentDir(stateDir))
+		return stateDir, tree(t, AgentDir(stateDir))
+	}
+	check := func(t *testing.T, old, stateDir string, want []string) {
+		t.Helper()
+		for start := 1; start <= 2; start++ {
+			if n, err := AdoptAgentDir(old, stateDir, nil); n != 0 || err != nil {
+				t.Errorf("start %d: adopt %s into %s: %d, %v; want nothing moved", start, old, stateDir, n, err)
+			}
+			if got := tree(t, AgentDir(stateDir)); !slices.Equal(got, want) {
+				t.Fatalf("start %d: the agent's records are now %v; want %v", start, got, want)
+			}
+		}
+	}
+	t.Run("a link to it", func(t *testing.T) {
+		stateDir, want := setup(t)
+		link := filepath.Join(filepath.Dir(stateDir), "kube-seen")
+		if err := os.Symlink(AgentDir(stateDir), link); err != nil {
+			t.Fatal(err)
+		}
+		check(t, link, stateDir, want)
+		if _, err := os.Lstat(link); err != nil {
+			t.Errorf("the link is gone: %v", err)
+		}
+	})
+	t.Run("its parent through a link", func(t *testing.T) {
+		stateDir, want := setup(t)
+		alias := filepath.Join(t.TempDir(), "run")
+		if err := os.Symlink(filepath.Dir(stateDir), alias); err != nil {
+			t.Fatal(err)
+		}
+		check(t, AgentDir(filepath.Join(alias, filepath.Base(stateDir))), stateDir, want)
+		check(t, AgentDir(stateDir), filepath.Join(alias, filepath.Base(stateDir)), want)
+	})
+	t.Run("a bind mount of it", func(t *testing.T) {
+		if os.Geteuid() != 0 {
+			t.Skip("a bind mount needs root")
+		}
+		stateDir, want := setup(t)
+		mnt := filepath.Join(t.TempDir(), "mnt")
+		if err := os.Mkdir(mnt, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Mount(AgentDir(stateDir), mnt, "", syscall.MS_BIND, ""); err != nil {
+			t.Skipf("bind mount: %v", err)
+		}
+		t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
+		check(t, mnt, stateDir, want)
+	})
+}

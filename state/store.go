@@ -171,3 +171,34 @@ func (s *Store) Delete(podUID string) error {
 func (s *Store) RecordPath(podUID string) string {
 	return filepath.Join(s.dir, fileName(podUID))
 }
+
+// Newer lists the pod records, enrolled or left for teardown, that are of
+// a newer format than this daemon reads: a newer daemon's, after a
+// rollback. Their pods may still be captured, and only that daemon can
+// release them.
+func (s *Store) Newer() ([]string, error) {
+	var out []string
+	for _, dir := range []string{s.dir, filepath.Join(s.dir, TeardownDir)} {
+		files, err := durable.ReadDir(dir, func(name string) bool {
+			if dir == s.dir {
+				return isRecordName(name)
+			}
+			_, _, ok := parseMoved(name)
+			return ok
+		})
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", dir, err)
+		}
+		for _, f := range files {
+			name := f.Name
+			if dir != s.dir {
+				name, _, _ = parseMoved(f.Name)
+			}
+			var ne *NewerError
+			if _, err := decodeRecord(filepath.Join(dir, f.Name), name, f.Data); errors.As(err, &ne) {
+				out = append(out, filepath.Join(dir, f.Name))
+			}
+		}
+	}
+	return out, nil
+}

@@ -151,7 +151,7 @@ func TestStandInProxyEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := netns.EnsureRouting(h, netns.DefaultRouting()); err != nil {
+	if _, err := netns.EnsureRouting(h, netns.DefaultRouting()); err != nil {
 		t.Fatal(err)
 	}
 	rs, err := nft.Build(nft.DefaultSpec(uid))

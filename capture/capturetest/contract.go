@@ -53,6 +53,9 @@ type Env interface {
 	AddForeignCapture(t *testing.T, path string)
 	// AddLegacyCapture adds LegacyRule as a legacy iptables rule.
 	AddLegacyCapture(t *testing.T, path string)
+	// AddRouting installs r's rules and routes as another agent would
+	// (istio-cni's policy routing is byte-equal to ours by default).
+	AddRouting(t *testing.T, path string, r netns.Routing)
 }
 
 // Run runs the contract cases, each on a fresh Env from newEnv.
@@ -90,6 +93,9 @@ var cases = []struct {
 	{"ForeignCaptureTakenOver", testForeignCaptureTakenOver},
 	{"LegacyCaptureRefused", testLegacyCaptureRefused},
 	{"ForeignCaptureAfterApplyIsSeen", testForeignCaptureAfterApply},
+	{"UndoOfApplyLeavesNothing", testUndoLeavesNothing},
+	{"UndoKeepsRoutingThatWasThere", testUndoKeepsRouting},
+	{"RefusalBesideForeignRoutingReportsNoChange", testRefusalBesideRouting},
 }
 
 const (
@@ -120,7 +126,7 @@ func open(t *testing.T, e Env, path string) capture.Namespace {
 
 func apply(t *testing.T, e Env, ns capture.Namespace, rs *nft.Ruleset, r netns.Routing) {
 	t.Helper()
-	if err := ns.Apply(context.Background(), rs, r); err != nil {
+	if _, err := ns.Apply(context.Background(), rs, r); err != nil {
 		t.Fatalf("Apply: %v", err)
 	}
 }
@@ -193,8 +199,12 @@ func testApplyInvalidRouting(t *testing.T, e Env) {
 	before := e.Dump(t, path)
 	bad := netns.DefaultRouting()
 	bad.Mask = 0
-	if err := ns.Apply(context.Background(), ruleset(t, podA), bad); err == nil {
+	c, err := ns.Apply(context.Background(), ruleset(t, podA), bad)
+	if err == nil {
 		t.Fatal("Apply with a zero mark mask succeeded")
+	}
+	if !c.Routing.Empty() || c.Table {
+		t.Errorf("refused Apply reports a change: %+v", c)
 	}
 	if after := e.Dump(t, path); after != before {
 		t.Errorf("refused Apply changed the namespace\n--- before\n%s\n--- after\n%s", before, after)
@@ -463,9 +473,12 @@ func wantRefused(t *testing.T, e Env, path string, what string) {
 	t.Helper()
 	ns := open(t, e, path)
 	before := e.Dump(t, path)
-	err := ns.Apply(context.Background(), ruleset(t, podA), netns.DefaultRouting())
+	c, err := ns.Apply(context.Background(), ruleset(t, podA), netns.DefaultRouting())
 	if !errors.Is(err, capture.ErrForeignCapture) {
 		t.Fatalf("Apply = %v; want %v", err, capture.ErrForeignCapture)
+	}
+	if !c.Routing.Empty() || c.Table {
+		t.Errorf("refused Apply reports a change: %+v", c)
 	}
 	if !strings.Contains(err.Error(), what) {
 		t.Errorf("refusal %q does not name %q", err, what)
@@ -536,6 +549,76 @@ func testForeignCaptureAfterApply(t *testing.T, e Env) {
 	}
 }
 
+// Apply in an empty namespace reports every entry it created; Undo of
+// that Change leaves the namespace as it was.
+func testUndoLeavesNothing(t *testing.T, e Env) {
+	rs, r := ruleset(t, podA), netns.DefaultRouting()
+	path := e.NewNamespace(t)
+	ns := open(t, e, path)
+	before := e.Dump(t, path)
+	c, err := ns.Apply(context.Background(), rs, r)
+	if err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	want := netns.Added{Routing: r, V4Rule: true, V4Route: true, V6Rule: true, V6Route: true}
+	if !c.Table || c.TookOver || c.Routing != want {
+		t.Errorf("Change = %+v; want the table and %+v", c, want)
+	}
+	if err := ns.Undo(context.Background(), c); err != nil {
+		t.Fatalf("Undo: %v", err)
+	}
+	if after := e.Dump(t, path); after != before {
+		t.Errorf("Undo left the namespace changed\n--- before\n%s\n--- after\n%s", before, after)
+	}
+}
+
+// Policy routing byte-equal to ours that was there before the Apply is
+// not the Apply's: its Change does not list it, and its Undo leaves it.
+func testUndoKeepsRouting(t *testing.T, e Env) {
+	rs, r := ruleset(t, podA), netns.DefaultRouting()
+	path := e.NewNamespace(t)
+	e.AddRouting(t, path, r)
+	ns := open(t, e, path)
+	before := e.Dump(t, path)
+	c, err := ns.Apply(context.Background(), rs, r)
+	if err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	if !c.Routing.Empty() || !c.Table {
+		t.Errorf("Change = %+v; want the table alone", c)
+	}
+	if err := ns.Undo(context.Background(), c); err != nil {
+		t.Fatalf("Undo: %v", err)
+	}
+	if after := e.Dump(t, path); after != before {
+		t.Errorf("Undo changed what was there before the Apply\n--- before\n%s\n--- after\n%s", before, after)
+	}
+	if l := inspect(t, e, ns, rs, r); !l.Routing.Complete() {
+		t.Errorf("the earlier routing is gone: %+v", l.Routing)
+	}
+}
+
+// A refused Apply beside another agent's capture and its policy routing
+// reports no change, and an Undo of what it reports keeps that routing.
+func testRefusalBesideRouting(t *testing.T, e Env) {
+	r := netns.DefaultRouting()
+	path := e.NewNamespace(t)
+	e.AddRouting(t, path, r)
+	e.AddForeignCapture(t, path)
+	ns := open(t, e, path)
+	before := e.Dump(t, path)
+	c, err := ns.Apply(context.Background(), ruleset(t, podA), r)
+	if !errors.Is(err, capture.ErrForeignCapture) {
+		t.Fatalf("Apply = %v; want %v", err, capture.ErrForeignCapture)
+	}
+	if err := ns.Undo(context.Background(), c); err != nil {
+		t.Fatalf("Undo: %v", err)
+	}
+	if after := e.Dump(t, path); after != before {
+		t.Errorf("refused Apply and its Undo changed the namespace\n--- before\n%s\n--- after\n%s", before, after)
+	}
+}
+
 // fakeEnv drives a Fake through its hooks.
 type fakeEnv struct {
 	f    *Fake
@@ -579,6 +662,9 @@ func (e *fakeEnv) Dump(_ *testing.T, path string) string { return e.f.Dump(path)
 func (e *fakeEnv) SetTakeOver(_ *testing.T, on bool)     { e.f.SetTakeOver(on) }
 func (e *fakeEnv) AddForeignCapture(_ *testing.T, path string) {
 	e.f.AddForeignCapture(path, IstioForeign(true))
+}
+func (e *fakeEnv) AddRouting(_ *testing.T, path string, r netns.Routing) {
+	e.f.AddRouting(path, r)
 }
 func (e *fakeEnv) AddLegacyCapture(_ *testing.T, path string) {
 	e.f.AddForeignCapture(path, &nft.Foreign{Legacy: []netns.XTable{{Family: "ip", Name: "nat", Entries: 1}}})

@@ -32,6 +32,7 @@ const (
 	OpReroute       Op = "Reroute"
 	OpRemove        Op = "Remove"
 	OpRemoveRouting Op = "RemoveRouting"
+	OpUndo          Op = "Undo"
 	OpInspect       Op = "Inspect"
 	OpOwner         Op = "Owner"
 )
@@ -318,6 +319,17 @@ func (f *Fake) DeleteTable(path string) {
 	sp.table, sp.edited, sp.foreign = nil, false, false
 }
 
+// AddRouting installs r's rules and routes at path as another agent
+// would, outside any Apply: istio-cni's policy routing is byte-equal to
+// ours by default.
+func (f *Fake) AddRouting(path string, r netns.Routing) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, err := f.mustSpace(path).ensureRouting(r); err != nil {
+		panic(fmt.Sprintf("capturetest: AddRouting(%q): %v", path, err))
+	}
+}
+
 // DeleteRule deletes r's fwmark rule of family (unix.AF_INET or
 // AF_INET6) at path, as `ip rule del` does.
 func (f *Fake) DeleteRule(path string, r netns.Routing, family int) {
@@ -475,20 +487,52 @@ func (n *Namespace) space() (*space, error) {
 }
 
 // ensureRouting is netns.EnsureRouting: route, then rule, per family
-// the namespace has; existing entries stay.
-func (sp *space) ensureRouting(r netns.Routing) (changed bool, err error) {
+// the namespace has; existing entries stay, and what was created is
+// reported.
+func (sp *space) ensureRouting(r netns.Routing) (netns.Added, error) {
+	added := netns.Added{Routing: r}
 	if err := r.Validate(); err != nil {
-		return false, err
+		return added, err
 	}
 	for _, fam := range sp.families() {
+		var rule, route bool
 		if rk := (routeKey{fam, r.Table}); !sp.routes[rk] {
-			sp.routes[rk], changed = true, true
+			sp.routes[rk], route = true, true
 		}
 		if k := ruleOf(fam, r); !sp.rules[k] {
-			sp.rules[k], changed = true, true
+			sp.rules[k], rule = true, true
+		}
+		if fam == unix.AF_INET6 {
+			added.V6Rule, added.V6Route = rule, route
+		} else {
+			added.V4Rule, added.V4Route = rule, route
 		}
 	}
-	return changed, nil
+	return added, nil
+}
+
+// removeAdded is netns.RemoveAdded: only the entries a are about.
+func (sp *space) removeAdded(a netns.Added) (changed bool) {
+	del := func(ok bool, fam int) {
+		if !ok {
+			return
+		}
+		if k := ruleOf(fam, a.Routing); sp.rules[k] {
+			delete(sp.rules, k)
+			changed = true
+		}
+	}
+	delRoute := func(ok bool, fam int) {
+		if rk := (routeKey{fam, a.Routing.Table}); ok && sp.routes[rk] {
+			delete(sp.routes, rk)
+			changed = true
+		}
+	}
+	del(a.V4Rule, unix.AF_INET)
+	del(a.V6Rule, unix.AF_INET6)
+	delRoute(a.V4Route, unix.AF_INET)
+	delRoute(a.V6Route, unix.AF_INET6)
+	return changed
 }
 
 // removeRouting is netns.RemoveRouting: both families, whatever exists.
@@ -525,41 +569,72 @@ func (sp *space) routing(r netns.Routing) netns.RoutingState {
 
 // Apply installs r, then replaces the table with rs; a table already
 // exactly rs is left alone, as the kernel engine does.
-func (n *Namespace) Apply(ctx context.Context, rs *nft.Ruleset, r netns.Routing) error {
+func (n *Namespace) Apply(ctx context.Context, rs *nft.Ruleset, r netns.Routing) (capture.Change, error) {
 	f := n.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	var c capture.Change
 	injected := f.begin(OpApply)
 	sp, err := n.space()
 	if err != nil {
-		return err
+		return c, err
 	}
 	if rs == nil {
-		return errors.New("capture: apply of a nil ruleset")
+		return c, errors.New("capture: apply of a nil ruleset")
 	}
 	if err := capture.CheckForeign(n.Path(), sp.others, f.takeOver); err != nil {
-		return err
+		return c, err
 	}
-	changed, err := sp.ensureRouting(r)
+	c.Routing, err = sp.ensureRouting(r)
+	changed := !c.Routing.Empty()
 	if changed {
 		f.changes++
 	}
 	if err != nil {
-		return fmt.Errorf("install policy routing: %w", err)
+		return c, fmt.Errorf("install policy routing: %w", err)
 	}
 	// The kernel engine checks the context only once the routing is in.
 	if err := ctx.Err(); err != nil {
+		return c, err
+	}
+	if injected != nil {
+		return c, injected
+	}
+	c.Table, c.TookOver = true, !sp.others.Empty()
+	if sp.table != nil && sp.table.Digest == rs.Digest && !sp.edited && !sp.foreign && sp.others.Empty() {
+		return c, nil
+	}
+	sp.table, sp.edited, sp.foreign, sp.others = rs, false, false, nil
+	if !changed {
+		// One call, one change, however much of it changed.
+		f.changes++
+	}
+	return c, nil
+}
+
+// Undo deletes the table if the Apply wrote it, then the routing it
+// created.
+func (n *Namespace) Undo(ctx context.Context, c capture.Change) error {
+	f := n.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	injected := f.begin(OpUndo)
+	sp, err := n.space()
+	if err != nil {
 		return err
 	}
 	if injected != nil {
 		return injected
 	}
-	if sp.table != nil && sp.table.Digest == rs.Digest && !sp.edited && !sp.foreign && sp.others.Empty() {
-		return nil
+	if err := ctx.Err(); err != nil {
+		return err
 	}
-	sp.table, sp.edited, sp.foreign, sp.others = rs, false, false, nil
-	if !changed {
-		// One call, one change, however much of it changed.
+	changed := false
+	if c.Table && sp.table != nil {
+		sp.table, sp.edited, sp.foreign = nil, false, false
+		changed = true
+	}
+	if sp.removeAdded(c.Routing) || changed {
 		f.changes++
 	}
 	return nil
@@ -579,7 +654,7 @@ func (n *Namespace) Reroute(_ context.Context, old, r netns.Routing) error {
 	// routing is ensured all the same, as the kernel engine does.
 	changed := sp.removeRouting(old)
 	added, err := sp.ensureRouting(r)
-	if changed || added {
+	if changed || !added.Empty() {
 		f.changes++
 	}
 	if err != nil {

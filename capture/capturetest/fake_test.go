@@ -36,13 +36,13 @@ func TestFakeFailedApplyKeepsTable(t *testing.T) {
 	}
 	defer ns.Close()
 	ctx, old, r := context.Background(), build(t, "pod-a"), netns.DefaultRouting()
-	if err := ns.Apply(ctx, old, r); err != nil {
+	if _, err := ns.Apply(ctx, old, r); err != nil {
 		t.Fatal(err)
 	}
 	boom := errors.New("netlink batch refused")
 	f.FailNext(capturetest.OpApply, boom)
 	moved := netns.Routing{Mark: 0x222, Mask: 0xfff, Table: 101, Priority: 32000}
-	if err := ns.Apply(ctx, build(t, "pod-b"), moved); !errors.Is(err, boom) {
+	if _, err := ns.Apply(ctx, build(t, "pod-b"), moved); !errors.Is(err, boom) {
 		t.Fatalf("Apply = %v, want the injected error", err)
 	}
 	if rs, tampered := f.Table(path); rs != old || tampered {
@@ -51,7 +51,7 @@ func TestFakeFailedApplyKeepsTable(t *testing.T) {
 	if st := f.Routing(path, moved); !st.Complete() {
 		t.Errorf("routing of the failed Apply: %+v; want installed before the table", st)
 	}
-	if err := ns.Apply(ctx, old, r); err != nil {
+	if _, err := ns.Apply(ctx, old, r); err != nil {
 		t.Errorf("the failure is for one call only: %v", err)
 	}
 }
@@ -101,10 +101,10 @@ func TestFakeInjectedFailuresAndCounts(t *testing.T) {
 	if base != 2 {
 		t.Errorf("Changes = %d before any Apply, want 2", base)
 	}
-	if err := ns.Apply(ctx, rs, r); err != nil {
+	if _, err := ns.Apply(ctx, rs, r); err != nil {
 		t.Fatal(err)
 	}
-	if err := ns.Apply(ctx, rs, r); err != nil {
+	if _, err := ns.Apply(ctx, rs, r); err != nil {
 		t.Fatal(err)
 	}
 	if n := f.Changes(); n != base+1 {
@@ -212,7 +212,7 @@ func TestFakeWithoutIPv6(t *testing.T) {
 	}
 	defer ns.Close()
 	ctx, rs, r := context.Background(), build(t, "pod-a"), netns.DefaultRouting()
-	if err := ns.Apply(ctx, rs, r); err != nil {
+	if _, err := ns.Apply(ctx, rs, r); err != nil {
 		t.Fatal(err)
 	}
 	l, err := ns.Inspect(ctx, rs, r)
@@ -241,7 +241,7 @@ func TestFakeConcurrent(t *testing.T) {
 			defer ns.Close()
 			ctx := context.Background()
 			for range 20 {
-				if err := ns.Apply(ctx, rs, r); err != nil {
+				if _, err := ns.Apply(ctx, rs, r); err != nil {
 					t.Error(err)
 				}
 				if _, err := ns.Inspect(ctx, rs, r); err != nil {
@@ -268,7 +268,7 @@ func TestFakeFailedRerouteInstallsTheNewRouting(t *testing.T) {
 	}
 	defer ns.Close()
 	ctx, rs, old := context.Background(), build(t, "pod-a"), netns.DefaultRouting()
-	if err := ns.Apply(ctx, rs, old); err != nil {
+	if _, err := ns.Apply(ctx, rs, old); err != nil {
 		t.Fatal(err)
 	}
 	boom := errors.New("rule delete refused")

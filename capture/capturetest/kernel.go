@@ -76,6 +76,16 @@ func (e *kernelEnv) AddLegacyCapture(t *testing.T, path string) {
 	run(t, "ip", append([]string{"netns", "exec", filepath.Base(path), "iptables-legacy"}, strings.Fields(LegacyRule)...)...)
 }
 
+// AddRouting installs r with ip, as istio-cni's agent does.
+func (e *kernelEnv) AddRouting(t *testing.T, path string, r netns.Routing) {
+	t.Helper()
+	name := filepath.Base(path)
+	for _, fam := range []string{"-4", "-6"} {
+		run(t, "ip", fam, "-n", name, "route", "add", "local", "default", "dev", "lo", "table", fmt.Sprint(r.Table))
+		run(t, "ip", fam, "-n", name, "rule", "add", "fwmark", fmt.Sprintf("%#x/%#x", r.Mark, r.Mask), "pref", fmt.Sprint(r.Priority), "lookup", fmt.Sprint(r.Table))
+	}
+}
+
 func (e *kernelEnv) Engine() capture.Engine { return e.engine }
 
 func run(t *testing.T, name string, args ...string) string {

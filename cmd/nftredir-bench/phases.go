@@ -124,7 +124,7 @@ func (b *bench) phases(ctx context.Context, d *daemon) (map[string][]time.Durati
 			{phBuild, func() (err error) { rs, err = nft.Build(nft.DefaultSpec(uid)); return err }},
 			{phGet, func() error { _, err := store.Get(uid); return err }},
 			{phPut, func() error { rec.NetnsID = h.ID().String(); return store.Put(rec) }},
-			{phRouting, func() error { return netns.EnsureRouting(h, routing) }},
+			{phRouting, func() error { _, err := netns.EnsureRouting(h, routing); return err }},
 			{phApply, func() error { return applier.Apply(ctx, h, rs) }},
 			{phProbe, func() error { return pm.Add(ctx, uid, []netip.Addr{netip.MustParseAddr(podIP(name))}) }},
 			{phRPC, func() error {

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -42,6 +43,10 @@ var (
 	ErrNotFound = errors.New("no pinned network namespace carries the pod's IPs")
 	// ErrAmbiguous: more than one namespace carries the pod's IPs.
 	ErrAmbiguous = errors.New("more than one network namespace carries the pod's IPs")
+	// ErrIncomplete: a pin could not be read, so a namespace it names may
+	// carry the pod's IPs too, and the one found is not proven the only
+	// one (nor, with none found, is the pod's namespace proven absent).
+	ErrIncomplete = errors.New("some pinned network namespaces could not be read")
 )
 
 // DefaultMaxPins bounds the pins one scan opens: a node runs at most a
@@ -84,8 +89,13 @@ type Scan struct {
 	Pins []Pin
 	// Skipped says why each other entry was not a candidate: not a
 	// namespace (a link, a pin whose namespace is gone), the node's, or
-	// one that could not be opened in time.
+	// one that could not be read.
 	Skipped map[string]string
+	// Unreadable are the skipped entries that may still be pins of a
+	// namespace (one that could not be opened in time or at all, or
+	// whose interfaces could not be listed), with why: while there is
+	// any, Find proves nothing.
+	Unreadable map[string]string
 	// Dirs are the directories scanned.
 	Dirs []string
 }
@@ -156,7 +166,7 @@ func (s *Scanner) Scan(ctx context.Context) (*Scan, error) {
 }
 
 func (s *Scanner) scan(ctx context.Context) (*Scan, error) {
-	sc := &Scan{Started: time.Now(), Skipped: map[string]string{}, Dirs: slices.Clone(s.dirs)}
+	sc := &Scan{Started: time.Now(), Skipped: map[string]string{}, Unreadable: map[string]string{}, Dirs: slices.Clone(s.dirs)}
 	var paths []string
 	for _, dir := range s.dirs {
 		entries, err := os.ReadDir(dir)
@@ -188,6 +198,11 @@ func (s *Scanner) scan(ctx context.Context) (*Scan, error) {
 		pin, err := s.inspect(p)
 		if err != nil {
 			sc.Skipped[p] = err.Error()
+			if !notAPin(err) {
+				sc.Unreadable[p] = err.Error()
+				s.log.Warn("pin cannot be read; no pod is proven by this scan", "pin", p, "why", err)
+				continue
+			}
 			s.log.Debug("pin skipped", "pin", p, "why", err)
 			continue
 		}
@@ -199,6 +214,15 @@ func (s *Scanner) scan(ctx context.Context) (*Scan, error) {
 	}
 	sc.Took = time.Since(sc.Started)
 	return sc, nil
+}
+
+// notAPin reports whether an entry's error from inspect proves that it
+// pins no pod's namespace: gone since the listing, not a namespace (a pin
+// whose namespace is gone is an empty file again), or the node's.
+// Anything else (a timeout, a refused access, interfaces that could not
+// be listed) leaves the entry unknown.
+func notAPin(err error) bool {
+	return errors.Is(err, netns.ErrNotExist) || errors.Is(err, netns.ErrNotNetns) || errors.Is(err, netns.ErrHostNetns)
 }
 
 // inspect opens one pin and reads its identity and addresses.
@@ -216,8 +240,9 @@ func (s *Scanner) inspect(path string) (Pin, error) {
 }
 
 // Find proves which pinned namespace is the pod's with the IPs ips (the
-// pod's status.podIPs): the one namespace carrying any of them. No
-// namespace, or more than one, is an error naming why.
+// pod's status.podIPs): the one namespace carrying any of them, while
+// every pin could be read. No namespace, more than one, or a pin that
+// could not be read is an error naming why.
 func (sc *Scan) Find(ips []netip.Addr) (Pin, error) {
 	if len(ips) == 0 {
 		return Pin{}, ErrNoPodIP
@@ -227,6 +252,13 @@ func (sc *Scan) Find(ips []netip.Addr) (Pin, error) {
 		if slices.ContainsFunc(pin.Addrs, func(a netip.Addr) bool { return slices.Contains(ips, a) }) {
 			found = append(found, pin)
 		}
+	}
+	if len(found) < 2 && len(sc.Unreadable) > 0 {
+		var why []string
+		for _, p := range slices.Sorted(maps.Keys(sc.Unreadable)) {
+			why = append(why, p+": "+sc.Unreadable[p])
+		}
+		return Pin{}, fmt.Errorf("%w: %s found in %d of %d readable namespaces, but %s", ErrIncomplete, addrList(ips), len(found), len(sc.Pins), strings.Join(why, "; "))
 	}
 	switch len(found) {
 	case 0:

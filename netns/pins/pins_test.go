@@ -262,3 +262,43 @@ func TestScanTiming(t *testing.T) {
 		t.Errorf("a scan of %d pins takes %s", n, m)
 	}
 }
+
+// TestFindRefusesWhileAPinCannotBeRead: a pin that cannot be read (here
+// one on a mount that never answers) may be a second namespace carrying
+// the pod's IP, so the one namespace found is not proven the pod's: Find
+// refuses, naming the pin, until every pin reads.
+func TestFindRefusesWhileAPinCannotBeRead(t *testing.T) {
+	dir := t.TempDir()
+	pod := podNetns(t, "10.80.0.5/24")
+	pin(t, pod.Path, dir, "cni-pod")
+	hung := filepath.Join(dir, "cni-hung")
+	if err := os.WriteFile(hung, nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	abort := nstest.HungFile(t, hung)
+	g, err := netns.NewGuardConfig(netns.GuardConfig{OpenTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := pins.New(pins.Config{Guard: g, Dirs: []string{dir}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := scan(t, s)
+	if _, ok := sc.Unreadable[hung]; !ok {
+		t.Fatalf("the hung pin is not listed unreadable: %v (skipped %v)", sc.Unreadable, sc.Skipped)
+	}
+	for _, ips := range [][]netip.Addr{addrs("10.80.0.5"), addrs("10.80.0.9")} {
+		p, err := sc.Find(ips)
+		if !errors.Is(err, pins.ErrIncomplete) || !strings.Contains(err.Error(), hung) {
+			t.Errorf("Find(%v) = %v, %v; want %v naming %s", ips, p.Path, err, pins.ErrIncomplete, hung)
+		}
+	}
+	// Once the mount answers (here: fails at once), the pin is a certain
+	// non-candidate no more than before: it is still unreadable.
+	abort()
+	sc = scan(t, s)
+	if _, err := sc.Find(addrs("10.80.0.5")); !errors.Is(err, pins.ErrIncomplete) {
+		t.Errorf("with the mount failing: %v; want %v", err, pins.ErrIncomplete)
+	}
+}

@@ -240,7 +240,8 @@ func Checks(cfg Config) ([]Check, error) {
 	}
 	checks = append(checks,
 		Check{Name: "policy routing", Modules: []string{"CONFIG_IP_MULTIPLE_TABLES", "CONFIG_IPV6_MULTIPLE_TABLES"}, run: func(_ context.Context, ns *scratch) error {
-			return netns.EnsureRouting(ns.h, cfg.Routing)
+			_, err := netns.EnsureRouting(ns.h, cfg.Routing)
+			return err
 		}},
 		rulesetCheck("pod table (TPROXY mode)", tproxyRS),
 		rulesetCheck("pod table (REDIRECT mode)", redirectRS),

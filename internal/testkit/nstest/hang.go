@@ -19,6 +19,26 @@ import (
 // The mount is aborted and detached when the test ends.
 func HungMount(t testing.TB) (dir string, abort func()) {
 	t.Helper()
+	dir, err := os.MkdirTemp("", "nftredir-hung-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	abort = mountHung(t, dir, "40000")
+	t.Cleanup(func() { os.Remove(dir) })
+	return dir, abort
+}
+
+// HungFile mounts such a FUSE filesystem over the existing regular file
+// path, its root a regular file: a directory listing still shows path as
+// the regular file it was, but opening it blocks, as a namespace pin on
+// a hung mount would.
+func HungFile(t testing.TB, path string) (abort func()) {
+	t.Helper()
+	return mountHung(t, path, "100000")
+}
+
+func mountHung(t testing.TB, target, rootmode string) (abort func()) {
+	t.Helper()
 	RequirePrivileged(t)
 	fd, err := unix.Open("/dev/fuse", unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -27,16 +47,10 @@ func HungMount(t testing.TB) (dir string, abort func()) {
 	if err != nil {
 		t.Fatalf("open /dev/fuse: %v", err)
 	}
-	dir, err = os.MkdirTemp("", "nftredir-hung-")
-	if err != nil {
+	opts := fmt.Sprintf("fd=%d,rootmode=%s,user_id=0,group_id=0", fd, rootmode)
+	if err := unix.Mount("nftredir-hung", target, "fuse.nftredir-hung", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 		unix.Close(fd)
-		t.Fatal(err)
-	}
-	opts := fmt.Sprintf("fd=%d,rootmode=40000,user_id=0,group_id=0", fd)
-	if err := unix.Mount("nftredir-hung", dir, "fuse.nftredir-hung", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		unix.Close(fd)
-		os.Remove(dir)
-		t.Fatalf("mount a FUSE filesystem on %s: %v", dir, err)
+		t.Fatalf("mount a FUSE filesystem on %s: %v", target, err)
 	}
 	closed := false
 	abort = func() {
@@ -47,10 +61,9 @@ func HungMount(t testing.TB) (dir string, abort func()) {
 	}
 	t.Cleanup(func() {
 		abort()
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", dir, err)
+		if err := unix.Unmount(target, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", target, err)
 		}
-		os.Remove(dir)
 	})
-	return dir, abort
+	return abort
 }

@@ -90,11 +90,13 @@ type RedirectServiceClient interface {
 	//
 	// It replies only when the kernel state and the durable record are both in
 	// place; on any error nothing has changed (a previously enrolled pod keeps
-	// its previous rules and record), with one exception: when the daemon
-	// serves ZDS with --zds-require-ack, it also waits for the node proxy to
-	// ack the pod, and if that fails it returns UNAVAILABLE ("pod X is captured
-	// but the node proxy has not taken it") while the pod stays enrolled and
-	// captured. Repeating the AddPod waits for the ack again.
+	// its previous rules and record). When the daemon serves ZDS with
+	// --zds-require-ack, it also waits for the node proxy to ack the pod; if
+	// that fails it returns UNAVAILABLE: a pod that was not captured before
+	// the call is left as it was ("pod X was not captured: the node proxy has
+	// not taken it"), one that was stays enrolled and captured by this call's
+	// rules ("pod X is captured but the node proxy has not taken it").
+	// Repeating the AddPod waits for the ack again.
 	//
 	// Idempotent: repeating an identical AddPod returns OK and changes nothing.
 	// An AddPod for an enrolled pod_uid with different options, IPs or
@@ -244,11 +246,13 @@ type RedirectServiceServer interface {
 	//
 	// It replies only when the kernel state and the durable record are both in
 	// place; on any error nothing has changed (a previously enrolled pod keeps
-	// its previous rules and record), with one exception: when the daemon
-	// serves ZDS with --zds-require-ack, it also waits for the node proxy to
-	// ack the pod, and if that fails it returns UNAVAILABLE ("pod X is captured
-	// but the node proxy has not taken it") while the pod stays enrolled and
-	// captured. Repeating the AddPod waits for the ack again.
+	// its previous rules and record). When the daemon serves ZDS with
+	// --zds-require-ack, it also waits for the node proxy to ack the pod; if
+	// that fails it returns UNAVAILABLE: a pod that was not captured before
+	// the call is left as it was ("pod X was not captured: the node proxy has
+	// not taken it"), one that was stays enrolled and captured by this call's
+	// rules ("pod X is captured but the node proxy has not taken it").
+	// Repeating the AddPod waits for the ack again.
 	//
 	// Idempotent: repeating an identical AddPod returns OK and changes nothing.
 	// An AddPod for an enrolled pod_uid with different options, IPs or
