@@ -30,13 +30,12 @@ import (
 type ReaderToken struct {
 	// Namespace and Account name the ServiceAccount.
 	Namespace, Account string
-	// Lifetime is what each token is asked for. Zero:
-	// DefaultReaderTokenLifetime. The API refuses less than 10 minutes.
-	Lifetime time.Duration
 }
 
-// DefaultReaderTokenLifetime is the kubelet's own for projected tokens.
-const DefaultReaderTokenLifetime = time.Hour
+// readerTokenLifetime is what each token is asked for: the kubelet's own
+// for projected tokens, and the most the chart's admission policy lets
+// the agent ask for.
+const readerTokenLifetime = time.Hour
 
 // renewAfter is the part of a token's life after which a new one is
 // asked for, as the kubelet renews projected tokens: the rest leaves
@@ -51,17 +50,7 @@ func (r *ReaderToken) check() error {
 	if r.Namespace == "" || r.Account == "" {
 		errs = append(errs, errors.New("the plugin's read-only ServiceAccount needs a namespace and a name (--pod-namespace, --kube-reader-account)"))
 	}
-	if r.Lifetime != 0 && r.Lifetime < 10*time.Minute {
-		errs = append(errs, fmt.Errorf("token lifetime %s is under the API's minimum of 10m", r.Lifetime))
-	}
 	return errors.Join(errs...)
-}
-
-func (r *ReaderToken) lifetime() time.Duration {
-	if r.Lifetime == 0 {
-		return DefaultReaderTokenLifetime
-	}
-	return r.Lifetime
 }
 
 // issuedToken is a token the API gave, and when to replace it.
@@ -76,19 +65,22 @@ func (t *issuedToken) valid(now time.Time) bool {
 	return t != nil && now.Before(t.expires.Add(-time.Minute))
 }
 
-// tokenRequest is authentication.k8s.io/v1 TokenRequest, the fields used.
+// tokenRequest is authentication.k8s.io/v1 TokenRequest, the fields used:
+// the spec asked, the status answered.
 type tokenRequest struct {
-	APIVersion string           `json:"apiVersion"`
-	Kind       string           `json:"kind"`
-	Spec       tokenRequestSpec `json:"spec"`
-	Status     struct {
-		Token               string    `json:"token"`
-		ExpirationTimestamp time.Time `json:"expirationTimestamp"`
-	} `json:"status"`
+	APIVersion string              `json:"apiVersion"`
+	Kind       string              `json:"kind"`
+	Spec       tokenRequestSpec    `json:"spec"`
+	Status     *tokenRequestStatus `json:"status,omitempty"`
 }
 
 type tokenRequestSpec struct {
 	ExpirationSeconds int64 `json:"expirationSeconds"`
+}
+
+type tokenRequestStatus struct {
+	Token               string    `json:"token"`
+	ExpirationTimestamp time.Time `json:"expirationTimestamp"`
 }
 
 // requestToken asks the API server at server (trusting caPEM) for a token
@@ -105,7 +97,7 @@ func requestToken(ctx context.Context, server string, caPEM []byte, bearer strin
 	u.Path = strings.TrimSuffix(u.Path, "/") + "/api/v1/namespaces/" + url.PathEscape(r.Namespace) + "/serviceaccounts/" + url.PathEscape(r.Account) + "/token"
 	var body tokenRequest
 	body.APIVersion, body.Kind = "authentication.k8s.io/v1", "TokenRequest"
-	body.Spec = tokenRequestSpec{ExpirationSeconds: int64(r.lifetime() / time.Second)}
+	body.Spec = tokenRequestSpec{ExpirationSeconds: int64(readerTokenLifetime / time.Second)}
 	raw, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
@@ -148,7 +140,7 @@ func requestToken(ctx context.Context, server string, caPEM []byte, bearer strin
 	if err := json.Unmarshal(out, &got); err != nil {
 		return nil, fmt.Errorf("decode the TokenRequest answer: %w", err)
 	}
-	if got.Status.Token == "" || got.Status.ExpirationTimestamp.IsZero() {
+	if got.Status == nil || got.Status.Token == "" || got.Status.ExpirationTimestamp.IsZero() {
 		return nil, errors.New("the TokenRequest answer holds no token or no expiry")
 	}
 	// Timed from the request's start: the token may be older than its
