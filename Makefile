@@ -43,15 +43,21 @@ deps-helm:
 # command, starts about 0.7 ms sooner without the dynamic loader). The VCS stamp feeds --version: the
 # toolchain's where it makes one, else the linker flags of
 # hack/ldflags.sh, which also strips the binaries as the image does.
+# VERSION (e.g. make build image VERSION=v0.3.0 IMAGE=nftredir:v0.3.0)
+# stamps a release: --version and the build_info metric report it instead
+# of "(devel)".
+VERSION ?=
+export NFTREDIR_BUILD_VERSION := $(VERSION)
 build:
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 $(GO) build -buildvcs=auto -trimpath -ldflags "$$(hack/ldflags.sh)" -o $(BIN)/ ./cmd/... ./tools/...
+	flags=$$(hack/ldflags.sh) && CGO_ENABLED=0 $(GO) build -buildvcs=auto -trimpath -ldflags "$$flags" -o $(BIN)/ ./cmd/... ./tools/...
 
 # image is the scratch-style image of the static binaries for linux/amd64
 # and linux/arm64 (GOARCH cross-builds), one OCI image index built offline
 # (no base image, no registry), as an OCI image layout tarball:
 #   ctr -n k8s.io images import bin/nftredir-image.tar   (or docker load -i, Docker 25+)
-# The node's containerd unpacks its own platform. See hack/image.sh.
+# The node's containerd unpacks its own platform. See hack/image.sh. A
+# release: make image IMAGE=nftredir:v0.3.0 VERSION=v0.3.0.
 IMAGE ?= nftredir:dev
 image:
 	@mkdir -p $(BIN)/image

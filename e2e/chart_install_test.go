@@ -38,6 +38,11 @@ type chartInstall struct {
 // hostPaths.ztunnelDir): what a ztunnel on the node connects to.
 func (h dsHost) zdsSocket() string { return filepath.Join(h.ztunnel, "ztunnel.sock") }
 
+// withProxy is installChart's extra for a test that runs a node proxy on
+// the ZDS socket (stock ztunnel, the stand-in): the chart's default, a
+// mesh pod's sandbox waiting for the proxy's ack.
+var withProxy = map[string]any{"zdsRequireAck": true}
+
 // installChart installs nftredir into c as users do and waits until its
 // DaemonSet pod is Ready (serving, startup reconcile done, plugin
 // chained) and its API answers. h is the node's side of the chart's host

@@ -163,7 +163,7 @@ func TestIstioMigrationFromIstioCNI(t *testing.T) {
 
 	takeover := watchTakeOver(pins, mesh)
 	installStart := time.Now()
-	chart := installChart(t, c, h, nil)
+	chart := installChart(t, c, h, withProxy)
 	took := takeover.wait(t, 90*time.Second)
 	allDone := time.Now()
 	t.Logf("nftredir: helm install at +%s after istio-cni's stop began; DaemonSet pod %s Ready %s after helm install", installStart.Sub(swapStart).Round(time.Millisecond), chart.Pod.Name, chart.Took.Round(time.Millisecond))

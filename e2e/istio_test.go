@@ -50,7 +50,7 @@ func startIstioMesh(t *testing.T) *istioMesh {
 	c := startCluster(t)
 	im := &istioMesh{istiod: istiotest.StartIstiod(t, c, bins)}
 	h := newDSHost(t, c)
-	im.chart = installChart(t, c, h, nil)
+	im.chart = installChart(t, c, h, withProxy)
 	t.Logf("nftredir DaemonSet pod %s Ready %s after helm install", im.chart.Pod.Name, im.chart.Took.Round(time.Millisecond))
 	im.meshCluster = &meshCluster{Cluster: c, api: im.chart.API, zds: h.zdsSocket(), cniLog: h.cniLog}
 	im.ztunnel = istiotest.StartZtunnel(t, c, bins, im.istiod, h.zdsSocket())
@@ -410,6 +410,13 @@ func TestIstioAmbientMesh(t *testing.T) {
 		}
 		im.restartsKeepCapture(t, server, client, other, outsider)
 	})
+
+	t.Run("helm upgrade to another build and helm rollback under steady connections: never uncaptured", func(t *testing.T) {
+		if !policy {
+			t.Skip("needs the ALLOW policy")
+		}
+		im.upgradeKeepsCapture(t, server, client, other, outsider)
+	})
 	if t.Failed() {
 		t.Logf("ztunnel config_dump:\n%s", im.ztunnel.ConfigDump(t))
 		os.Stdout.Sync()
@@ -494,6 +501,46 @@ func (im *istioMesh) restartsKeepCapture(t *testing.T, server, client, other, ou
 	t.Logf("whole run: %s: %s", allowed.name, ph)
 	if after := summarize(allowed.tries(back, end), answered, func(try) bool { return false }); after.failed > 0 {
 		t.Errorf("%s: %d failed tries after the recovery", allowed.name, after.failed)
+	}
+}
+
+// upgradeKeepsCapture upgrades the chart to another build and rolls it
+// back (chartUpgrade) under the ALLOW policy, with the three probe loops
+// of restartsKeepCapture: the allowed client must get every answer, from
+// the server's app through ztunnel, and the other identity and the
+// outsider none. Pods of client-sa keep being started in the mesh
+// namespace; each app's first connection, to the pod outside the mesh,
+// must leave through ztunnel (the outsider's app sees ztunnel's
+// connection from the pod's address, never the app's own port).
+func (im *istioMesh) upgradeKeepsCapture(t *testing.T, server, client, other, outsider *corev1.Pod) {
+	to := netip.AddrPortFrom(mustAddr(t, server.Status.PodIP), 8080).String()
+	const every = 100 * time.Millisecond
+	answered := func(r try) bool { return r.answeredBy("server") && !r.direct() }
+	refused := func(r try) bool { return r.answer == "" }
+	anyAnswer := func(r try) bool { return r.answer != "" }
+	allowed := startProber(t, "client-sa -> server", im.podNetns(t, client), mustAddr(t, client.Status.PodIP), to, every)
+	template := im.StandinPod(t, server.Namespace, "template", 0, im.NodeName, "app")
+	template.Spec.ServiceAccountName = "client-sa"
+	u := &chartUpgrade{
+		m: im.meshCluster, chart: im.chart,
+		template:    template,
+		firstTarget: netip.AddrPortFrom(mustAddr(t, outsider.Status.PodIP), 8080).String(),
+		firstThrough: func(r try) bool {
+			return r.answeredBy(outsider.Name) && !r.direct()
+		},
+		flows: []upgradeFlow{
+			{allowed, answered, try.direct},
+			{startProber(t, "other-sa -> server", im.podNetns(t, other), mustAddr(t, other.Status.PodIP), to, every), refused, anyAnswer},
+			{startProber(t, "outsider -> server", im.podNetns(t, outsider), mustAddr(t, outsider.Status.PodIP), to, every), refused, anyAnswer},
+		},
+		steady:    []*corev1.Pod{server, client, other, outsider},
+		annotated: []*corev1.Pod{server, client, other},
+		annos:     watchRedirection(t, im.Cluster, []*corev1.Pod{server, client, other}),
+	}
+	allowed.waitRun(t, time.Now(), 10, 30*time.Second, answered)
+	u.upgradeAndRollBack(t)
+	for _, f := range u.flows {
+		f.p.stop()
 	}
 }
 

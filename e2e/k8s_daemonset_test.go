@@ -61,6 +61,10 @@ func writeDSValues(t *testing.T, c *kcluster.Cluster, h dsHost) string {
 	t.Helper()
 	values := map[string]any{
 		"image": map[string]any{"pullPolicy": "Never"},
+		// No node proxy runs unless the test starts one (then it installs
+		// withProxy): with the chart's default every mesh pod would wait
+		// for a ZDS proxy's ack that never comes.
+		"zdsRequireAck": false,
 		"hostPaths": map[string]any{
 			"cniBinDirs": []string{c.CNIBinDir, h.cniBinLib},
 			"cniConfDir": c.CNIConfDir,
@@ -374,7 +378,7 @@ func TestK8sDaemonSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	ci := installChart(t, c, h, nil)
-	// containerd 1.6 took the whole index and unpacked the node's own
+	// containerd took the whole index and unpacked the node's own
 	// platform: the DaemonSet's pod runs from it.
 	ls, err := exec.Command(c.ToolPath("ctr"), "--address", c.ContainerdSocket, "--namespace", "k8s.io", "images", "ls", "name==docker.io/library/"+imageTag).CombinedOutput()
 	if err != nil || !strings.Contains(string(ls), "linux/amd64") || !strings.Contains(string(ls), "linux/arm64") {

@@ -12,7 +12,8 @@
 # "linux/amd64 linux/arm64") picks the platforms; MKIMAGE overrides the
 # builder (default: go run ./tools/mkimage). The binaries are linked as
 # make build's (hack/ldflags.sh: no symbol table or DWARF, a third smaller,
-# and stamped for --version) and built without local paths (-trimpath).
+# and stamped for --version, with NFTREDIR_BUILD_VERSION's release when it
+# is set) and built without local paths (-trimpath).
 set -eu
 [ $# -eq 3 ] || { echo "usage: $0 OUT.tar TAG BIN_ROOT" >&2; exit 2; }
 out=$1 tag=$2 root=$3

@@ -164,10 +164,12 @@ func notify(waiters []chan<- error, err error) {
 	}
 }
 
-func (c *conn) state(uid string) string {
+func (c *conn) state(uid string) string { return c.podState(uid).String() }
+
+func (c *conn) podState(uid string) podState {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.states[uid].String()
+	return c.states[uid]
 }
 
 // next takes the oldest due op off the queue, or says how long until one

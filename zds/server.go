@@ -43,6 +43,10 @@ const (
 	// DefaultRefusalLogInterval keeps a caller refused in a loop from
 	// flooding the log.
 	DefaultRefusalLogInterval = 10 * time.Second
+	// DefaultProxyWait covers a node proxy's reconnection (stock ztunnel
+	// was measured reconnecting 0.2-0.4 s after the daemon's restart) and
+	// stays within a runtime's NRI request timeout (2 s by default).
+	DefaultProxyWait = time.Second
 )
 
 // Errors a PodAddedWait caller can tell apart.
@@ -148,6 +152,13 @@ type Config struct {
 	// block: the Kubernetes agent only queues the pod, whose annotation
 	// waits for the ack.
 	Acked func(uid string)
+
+	// ProxyWait is how long PodAddedWait, once the server serves, waits
+	// for a proxy to connect when none is: a node proxy that is
+	// reconnecting (after its own restart, or the daemon's) takes the pod
+	// in its snapshot moments later, and the caller (a sandbox being made)
+	// had better wait that long than fail and be retried seconds later.
+	ProxyWait time.Duration
 }
 
 func (c *Config) defaults() error {
@@ -171,6 +182,7 @@ func (c *Config) defaults() error {
 		{&c.MaxRetryBackoff, DefaultMaxRetryBackoff},
 		{&c.AcceptInterval, DefaultAcceptInterval},
 		{&c.RefusalLogInterval, DefaultRefusalLogInterval},
+		{&c.ProxyWait, DefaultProxyWait},
 	} {
 		if *d.v <= 0 {
 			*d.v = d.def
@@ -226,6 +238,8 @@ type Server struct {
 	all    map[*conn]struct{}
 	nextID uint64
 	closed bool
+	// serving: Serve accepts connections.
+	serving bool
 
 	wg sync.WaitGroup
 }
@@ -268,6 +282,9 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	stop := context.AfterFunc(ctx, func() { s.Close() })
 	defer stop()
+	s.mu.Lock()
+	s.serving = true
+	s.mu.Unlock()
 	var last time.Time
 	for {
 		if wait := s.cfg.AcceptInterval - time.Since(last); wait > 0 {
@@ -403,10 +420,16 @@ func (s *Server) PodAdded(pod Pod) {
 // the pod: nil on an ack, a *NackError on a NACK (retries go on in the
 // background), ErrNoProxy when no proxy is connected, ErrDisconnected,
 // ErrSuperseded, or ctx's error.
+//
+// With no proxy connected while the server serves, it waits up to
+// ProxyWait for one: the pod's record is written before the call, so the
+// snapshot of the proxy that connects carries it, and the ack of that
+// snapshot's add is the pod's. Before Serve (the daemon's startup pass)
+// it does not wait: no proxy can connect yet.
 func (s *Server) PodAddedWait(ctx context.Context, pod Pod) error {
 	c := s.newest()
 	if c == nil {
-		return ErrNoProxy
+		return s.awaitSnapshotAck(ctx, pod.UID)
 	}
 	done := make(chan error, 1)
 	c.enqueueAdd(pod, done)
@@ -416,6 +439,49 @@ func (s *Server) PodAddedWait(ctx context.Context, pod Pod) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// awaitSnapshotAck waits, while no proxy is connected, for one to connect
+// and ack uid in its snapshot. The proxy's connection is followed by
+// polling: a snapshot is sent once per connection, and its adds are
+// never queued where a waiter could wait on them.
+func (s *Server) awaitSnapshotAck(ctx context.Context, uid string) error {
+	if !s.Serving() {
+		return ErrNoProxy
+	}
+	deadline := time.NewTimer(s.cfg.ProxyWait)
+	defer deadline.Stop()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	connected := false
+	for {
+		if c := s.newest(); c != nil {
+			connected = true
+			switch st := c.podState(uid); st.phase {
+			case phaseAcked:
+				return nil
+			case phaseNacked:
+				return &NackError{UID: uid, Message: st.detail}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline.C:
+			if connected {
+				return fmt.Errorf("%w: the node proxy that connected has not acked the pod within %s", ErrDisconnected, s.cfg.ProxyWait)
+			}
+			return fmt.Errorf("%w (waited %s for one)", ErrNoProxy, s.cfg.ProxyWait)
+		case <-tick.C:
+		}
+	}
+}
+
+// Serving reports whether Serve accepts connections.
+func (s *Server) Serving() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.serving && !s.closed
 }
 
 // PodRemoved queues a DelWorkload for every connection (an older proxy in

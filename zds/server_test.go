@@ -130,6 +130,11 @@ func startFixture(t *testing.T, engine capture.Engine, fake *capturetest.Fake, m
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- f.srv.Serve(ctx) }()
+	for deadline := time.Now().Add(5 * time.Second); !f.srv.Serving(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the server does not serve")
+		}
+	}
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -517,12 +522,68 @@ func TestUnreadableSourceSendsNoSnapshot(t *testing.T) {
 }
 
 func TestNoProxy(t *testing.T) {
-	f := newFixture(t, nil)
+	f := newFixture(t, func(c *zds.Config) { c.ProxyWait = 200 * time.Millisecond })
 	a := f.newPod("pod-a")
 	f.srv.PodAdded(a) // a no-op, not an error
 	f.srv.PodRemoved(a.UID)
+	start := time.Now()
 	if err := f.srv.PodAddedWait(context.Background(), a); !errors.Is(err, zds.ErrNoProxy) {
 		t.Errorf("PodAddedWait with no proxy = %v, want ErrNoProxy", err)
+	}
+	if d := time.Since(start); d < 200*time.Millisecond {
+		t.Errorf("PodAddedWait gave up after %s; want it to wait ProxyWait for a proxy", d)
+	}
+}
+
+// TestWaitForAReconnectingProxy: with no proxy connected, PodAddedWait
+// waits for one (a proxy reconnecting after a restart) and returns once
+// the add of the pod in that proxy's snapshot is acked; the pod is sent
+// once, in the snapshot, not again after it.
+func TestWaitForAReconnectingProxy(t *testing.T) {
+	f := newFixture(t, func(c *zds.Config) { c.ProxyWait = 5 * time.Second })
+	a := f.newPod("pod-a")
+	res := make(chan error, 1)
+	go func() { res <- f.srv.PodAddedWait(context.Background(), a) }()
+	time.Sleep(100 * time.Millisecond)
+	select {
+	case err := <-res:
+		t.Fatalf("PodAddedWait returned %v before a proxy connected", err)
+	default:
+	}
+	p := zdstest.Dial(t, f.path)
+	if snap := p.Handshake(); len(snap) != 1 || snap[0].UID != a.UID {
+		t.Fatalf("snapshot %v; want pod-a", snap)
+	}
+	select {
+	case err := <-res:
+		if err != nil {
+			t.Fatalf("PodAddedWait = %v; want the snapshot's ack", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("PodAddedWait did not return after the snapshot was acked")
+	}
+	p.ExpectQuiet(300 * time.Millisecond)
+}
+
+// TestNoWaitBeforeServe: before Serve no proxy can connect (the daemon's
+// startup pass runs then), so PodAddedWait fails at once.
+func TestNoWaitBeforeServe(t *testing.T) {
+	src := &source{pods: map[string]zds.Pod{}}
+	srv, err := zds.NewServer(zds.Config{Pods: src, Opener: capturetest.NewFake(), ProxyWait: 5 * time.Second,
+		SocketGroup: os.Getegid(), Allow: peercred.Allowlist{UIDs: []uint32{uint32(os.Geteuid())}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Listen(filepath.Join(t.TempDir(), "ztunnel.sock")); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	start := time.Now()
+	if err := srv.PodAddedWait(context.Background(), zds.Pod{UID: "pod-a"}); !errors.Is(err, zds.ErrNoProxy) {
+		t.Errorf("PodAddedWait before Serve = %v, want ErrNoProxy", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("PodAddedWait before Serve waited %s", d)
 	}
 }
 

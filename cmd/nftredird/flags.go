@@ -22,6 +22,7 @@ import (
 	"github.com/nftredir/nftredir/nft"
 	"github.com/nftredir/nftredir/server"
 	"github.com/nftredir/nftredir/state"
+	"github.com/nftredir/nftredir/zds"
 )
 
 // envPrefix starts the environment twin of every flag: --state-dir is
@@ -206,7 +207,7 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.Var(&o.zdsAllowUIDs, "zds-allow-uid", "`uids` besides root allowed on the ZDS socket, which hands out every enrolled pod's namespace (comma list); others are dropped before anything is sent")
 	fs.Var(&o.zdsAllowGIDs, "zds-allow-gid", "`gids` allowed on the ZDS socket; the caller's primary and supplementary groups as at connect are checked (comma list)")
 	fs.IntVar(&o.zdsSocketGroup, "zds-socket-group", 0, "`gid` that owns the ZDS socket and the directory the daemon creates for it, whose members can connect (they still need --zds-allow-gid or --zds-allow-uid)")
-	fs.BoolVar(&o.zdsRequireAck, "zds-require-ack", false, "AddPod waits for the node proxy's ZDS ack and returns UNAVAILABLE without one (the pod stays enrolled; the caller retries); needs --zds-socket")
+	fs.BoolVar(&o.zdsRequireAck, "zds-require-ack", false, fmt.Sprintf("AddPod waits for the node proxy's ZDS ack (up to %s for a proxy to connect when none is) and returns UNAVAILABLE without one: a pod captured by the call is released again, one captured before stays; the caller retries; needs --zds-socket", zds.DefaultProxyWait))
 	fs.BoolVar(&o.probeSNAT, "probe-snat", false, "keep the node probe table: the kubelet's TCP to enrolled pods leaves the node from the probe source address, which pods do not capture; on by default when --kubelet-uid is given")
 	fs.BoolVar(&o.cleanupOnExit, "cleanup-on-exit", false, "after a clean stop (SIGTERM/SIGINT), remove the node probe table as \"nftredird uninstall\" does; for taking nftredir off the node, not for restarts, which should keep kubelet probes working")
 	fs.StringVar(&o.nodeNetns, "node-netns", "", "network namespace `path` of the node, where the probe table lives; empty is the daemon's own; pods naming it are refused like the daemon's own namespace")

@@ -12,8 +12,10 @@ import (
 
 // Info is what a binary knows about its own build.
 type Info struct {
-	// Module is the main module's version: "(devel)" for a build from a
-	// checkout, a tag such as "v0.3.0" for `go install ...@v0.3.0`.
+	// Module is the build's version: the release it was stamped as
+	// (hack/ldflags.sh, make build VERSION=v0.3.0), else the main
+	// module's version: "(devel)" for a build from a checkout, a tag such
+	// as "v0.3.0" for `go install ...@v0.3.0`.
 	Module string
 	// Revision and Time are the VCS commit and its time; empty when the
 	// build had no VCS information (-buildvcs=false, or no checkout).
@@ -34,13 +36,28 @@ var (
 	modified     string
 )
 
+// release is the version a build from a checkout was stamped as by the
+// linker (hack/ldflags.sh, from make's VERSION): the toolchain records a
+// module version only for `go install ...@version`, so without it every
+// image built from a checkout would call itself "(devel)" and two
+// releases could not be told apart by --version or build_info.
+var release string
+
 // Get reads the running binary's build information.
 func Get() Info {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		bi = &debug.BuildInfo{GoVersion: runtime.Version()}
 	}
-	return fromBuildInfo(bi).orLinked(revision, revisionTime, modified)
+	return fromBuildInfo(bi).orLinked(revision, revisionTime, modified).released(release)
+}
+
+// released names the build by its release stamp, when it has one.
+func (in Info) released(version string) Info {
+	if version != "" {
+		in.Module = version
+	}
+	return in
 }
 
 // orLinked fills the VCS fields from the linker's stamp when the build

@@ -42,3 +42,13 @@ func TestLinkedStampIsAFallback(t *testing.T) {
 		t.Errorf("an empty stamp changed the info: %+v", got)
 	}
 }
+
+func TestReleaseStampNamesTheBuild(t *testing.T) {
+	devel := Info{Module: "(devel)", Revision: "abc", Go: "go1.26.8"}
+	if got, want := devel.released("v0.3.0").String(), "v0.3.0 (rev abc) go1.26.8"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if got := devel.released(""); got != devel {
+		t.Errorf("no release stamp changed the info: %+v", got)
+	}
+}

@@ -2,13 +2,14 @@
 // reports what it captured, an app, and a client.
 //
 //	standin proxy [-ports P,P,...] [-mark M]   (default: the daemon's proxy ports and mark)
-//	standin app   [-port 8080] [-name app]
+//	standin app   [-port 8080] [-name app] [-first-dial ADDR:PORT [-first-dial-port P]]
 //	standin dial  ADDR:PORT [-mark 0]
 package main
 
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"net"
@@ -83,7 +84,12 @@ func app(args []string) error {
 	fs := flag.NewFlagSet("app", flag.ExitOnError)
 	port := fs.Uint("port", 8080, "port")
 	name := fs.String("name", "app", "name to answer with")
+	firstDial := fs.String("first-dial", "", "before serving, connect once to `ADDR:PORT`, send a line, and print what answered as one JSON line: how the pod's very first connection was treated")
+	firstPort := fs.Uint("first-dial-port", 0, "local `port` of -first-dial (0: any); one below the ephemeral range tells the app's own connection from one a proxy made for it")
 	fs.Parse(args)
+	if *firstDial != "" {
+		printFirstConnection(*firstDial, uint16(*firstPort))
+	}
 	ls, err := standin.ListenBoth(context.Background(), net.ListenConfig{}, uint16(*port))
 	if err != nil {
 		return err
@@ -94,6 +100,36 @@ func app(args []string) error {
 		})
 	}
 	select {}
+}
+
+// FirstConnection is what -first-dial prints, as {"firstConnection": ...}.
+type FirstConnection struct {
+	// Local is the connection's own address (only the port when it failed).
+	Local  string `json:"local"`
+	To     string `json:"to"`
+	Answer string `json:"answer,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+func printFirstConnection(to string, port uint16) {
+	fc := FirstConnection{Local: fmt.Sprintf(":%d", port), To: to}
+	d := net.Dialer{Timeout: 3 * time.Second, LocalAddr: &net.TCPAddr{Port: int(port)}}
+	c, err := d.Dial("tcp", to)
+	if err == nil {
+		fc.Local = c.LocalAddr().String()
+		c.SetDeadline(time.Now().Add(3 * time.Second))
+		// A line first: the stand-in proxies read one before answering.
+		if _, err = fmt.Fprintln(c, "first"); err == nil {
+			var line string
+			line, err = bufio.NewReader(c).ReadString('\n')
+			fc.Answer = strings.TrimSpace(line)
+		}
+		c.Close()
+	}
+	if err != nil {
+		fc.Error = err.Error()
+	}
+	json.NewEncoder(os.Stdout).Encode(map[string]FirstConnection{"firstConnection": fc})
 }
 
 func serve(l net.Listener, answer func(*net.TCPConn) string) {
