@@ -3,7 +3,12 @@ package deploy
 import (
 	"bytes"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,8 +17,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -102,6 +110,8 @@ type manifests struct {
 	nsRoles      []rbacv1.Role
 	roleBindings []rbacv1.RoleBinding
 	quotas       []corev1.ResourceQuota
+	policies     []admissionregistrationv1.ValidatingAdmissionPolicy
+	bindingsVAP  []admissionregistrationv1.ValidatingAdmissionPolicyBinding
 	// hook is the objects of the uninstall hook (helm.sh/hook), kept
 	// apart: helm makes them only on uninstall.
 	hook hookObjects
@@ -172,6 +182,10 @@ func decode(t *testing.T, rendered string) *manifests {
 			m.roleBindings = append(m.roleBindings, strict[rbacv1.RoleBinding](t, b))
 		case "v1 ResourceQuota":
 			m.quotas = append(m.quotas, strict[corev1.ResourceQuota](t, b))
+		case "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy":
+			m.policies = append(m.policies, strict[admissionregistrationv1.ValidatingAdmissionPolicy](t, b))
+		case "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicyBinding":
+			m.bindingsVAP = append(m.bindingsVAP, strict[admissionregistrationv1.ValidatingAdmissionPolicyBinding](t, b))
 		default:
 			t.Errorf("unexpected object %s %s:\n%s", tm.APIVersion, tm.Kind, doc)
 		}
@@ -262,9 +276,19 @@ func TestManifestsDecode(t *testing.T) {
 			if !slices.ContainsFunc(m.accounts, func(a corev1.ServiceAccount) bool { return a.Name == sa && a.Namespace == namespace }) {
 				t.Errorf("the DaemonSet's service account %s/%s is not rendered", namespace, sa)
 			}
-			if len(m.roles) != 1 || len(m.bindings) != 1 || m.bindings[0].RoleRef.Name != m.roles[0].Name ||
-				len(m.bindings[0].Subjects) != 1 || m.bindings[0].Subjects[0].Name != sa || m.bindings[0].Subjects[0].Namespace != namespace {
-				t.Errorf("ClusterRole %v bound by %+v; want the one role bound to %s/%s", m.roles, m.bindings, namespace, sa)
+			// The agent's ClusterRole and the plugin's read-only one, each
+			// bound to its own account.
+			if len(m.roles) != 2 || len(m.bindings) != 2 {
+				t.Fatalf("%d ClusterRoles, %d ClusterRoleBindings; want the agent's and the plugin's", len(m.roles), len(m.bindings))
+			}
+			for i, want := range []string{sa, sa + "-cni"} {
+				r, b := m.roles[i], m.bindings[i]
+				if r.Name != want || b.RoleRef.Name != r.Name || len(b.Subjects) != 1 || b.Subjects[0].Name != want || b.Subjects[0].Namespace != namespace {
+					t.Errorf("ClusterRole %s bound by %+v; want %s bound to %s/%s", r.Name, b, want, namespace, want)
+				}
+				if !slices.ContainsFunc(m.accounts, func(a corev1.ServiceAccount) bool { return a.Name == want && a.Namespace == namespace }) {
+					t.Errorf("ServiceAccount %s/%s is not rendered", namespace, want)
+				}
 			}
 			m.configMap(t)
 		})
@@ -771,17 +795,38 @@ func TestInstallContainerEnvironment(t *testing.T) {
 	for k, v := range cm.Data {
 		env = append(env, k+"="+underRoot(k, v))
 	}
+	// The Downward API's values, as the kubelet fills them in.
+	pod := map[string]string{"metadata.name": "nftredir-x1", "metadata.namespace": namespace}
 	for _, e := range in.Env {
 		v := e.Value
 		if r := e.ValueFrom; r != nil && r.ConfigMapKeyRef != nil {
 			v = cm.Data[r.ConfigMapKeyRef.Key]
 		}
+		if r := e.ValueFrom; r != nil && r.FieldRef != nil {
+			v = pod[r.FieldRef.FieldPath]
+		}
 		env = append(env, e.Name+"="+underRoot(e.Name, v))
 	}
+	// The API, for the plugin's token (TokenRequest, as the API server
+	// answers it); the installer's own token is the pod's.
+	var asked []string
+	api := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var tr authenticationv1.TokenRequest
+		if err := json.NewDecoder(r.Body).Decode(&tr); err != nil || tr.Spec.ExpirationSeconds == nil {
+			http.Error(w, fmt.Sprint(err), http.StatusBadRequest)
+			return
+		}
+		asked = append(asked, fmt.Sprintf("%s %s %s for %ds", r.Method, r.URL.Path, r.Header.Get("Authorization"), *tr.Spec.ExpirationSeconds))
+		tr.Status = authenticationv1.TokenRequestStatus{Token: "reader-token", ExpirationTimestamp: metav1.NewTime(time.Now().Add(time.Hour))}
+		w.WriteHeader(http.StatusCreated)
+		json.NewEncoder(w).Encode(tr)
+	}))
+	defer api.Close()
+	host, port, _ := net.SplitHostPort(api.Listener.Addr().String())
 	// What the kubelet gives every pod: the Service address of the API
 	// and the service account's projected files (moved under root).
 	sa := filepath.Join(root, "var/run/secrets/kubernetes.io/serviceaccount")
-	env = append(env, "KUBERNETES_SERVICE_HOST=10.96.0.1", "KUBERNETES_SERVICE_PORT=443",
+	env = append(env, "KUBERNETES_SERVICE_HOST="+host, "KUBERNETES_SERVICE_PORT="+port,
 		"NFTREDIR_CNI_KUBE_TOKEN_FILE="+filepath.Join(sa, "token"), "NFTREDIR_CNI_KUBE_CA_FILE="+filepath.Join(sa, "ca.crt"))
 	libCNI := filepath.Join(root, "host/usr/lib/cni")
 	netd := filepath.Join(root, "host/etc/cni/net.d")
@@ -794,7 +839,8 @@ func TestInstallContainerEnvironment(t *testing.T) {
 	if err := os.WriteFile(conf, []byte(`{"cniVersion":"1.0.0","name":"bridge","plugins":[{"type":"bridge","bridge":"cni0","ipam":{"type":"host-local","subnet":"10.85.0.0/16"}},{"type":"portmap","capabilities":{"portMappings":true}}]}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for name, content := range map[string]string{"token": "projected-token", "ca.crt": "-----BEGIN CERTIFICATE-----\n"} {
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: api.Certificate().Raw})
+	for name, content := range map[string]string{"token": "projected-token", "ca.crt": string(caPEM)} {
 		if err := os.WriteFile(filepath.Join(sa, name), []byte(content), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -841,8 +887,14 @@ func TestInstallContainerEnvironment(t *testing.T) {
 	if string(entry) != want {
 		t.Errorf("entry %s, want %s", entry, want)
 	}
-	if kc, err := os.ReadFile(filepath.Join(netd, "nftredir-cni.kubeconfig")); err != nil || !bytes.Contains(kc, []byte(`"token": "projected-token"`)) || !bytes.Contains(kc, []byte("https://10.96.0.1:443")) {
+	// The plugin's kubeconfig next to the conflist holds the read-only
+	// account's token, not the pod's own.
+	if kc, err := os.ReadFile(filepath.Join(netd, "nftredir-cni.kubeconfig")); err != nil || !bytes.Contains(kc, []byte(`"token": "reader-token"`)) || !bytes.Contains(kc, []byte(api.URL)) {
 		t.Errorf("the plugin's kubeconfig next to the conflist: %v\n%s", err, kc)
+	}
+	want = "POST /api/v1/namespaces/" + namespace + "/serviceaccounts/nftredir-cni/token Bearer projected-token for 3600s"
+	if !slices.Equal(asked, []string{want}) {
+		t.Errorf("TokenRequests %q; want %q", asked, want)
 	}
 	self, _ := os.ReadFile(bin)
 	if got, err := os.ReadFile(filepath.Join(libCNI, "nftredir-cni")); err != nil || !bytes.Equal(got, self) {
@@ -940,9 +992,9 @@ func TestUninstallAndTaintRBAC(t *testing.T) {
 			if len(b.Subjects) != 1 || b.Subjects[0].Name != ds.Spec.Template.Spec.ServiceAccountName || b.Subjects[0].Namespace != ds.Namespace {
 				t.Errorf("RoleBinding subjects %v; want the DaemonSet's ServiceAccount", b.Subjects)
 			}
-			if len(r.Rules) != 1 || !slices.Equal(r.Rules[0].Resources, []string{"daemonsets"}) || !slices.Equal(r.Rules[0].ResourceNames, []string{ds.Name}) ||
+			if len(r.Rules) != 2 || !slices.Equal(r.Rules[0].Resources, []string{"daemonsets"}) || !slices.Equal(r.Rules[0].ResourceNames, []string{ds.Name}) ||
 				!slices.Equal(r.Rules[0].Verbs, []string{"get", "list", "watch"}) {
-				t.Errorf("Role rules %+v; want get, list, watch on daemonsets named %s", r.Rules, ds.Name)
+				t.Errorf("Role rules %+v; want get, list, watch on daemonsets named %s (then the plugin's token)", r.Rules, ds.Name)
 			}
 			for _, c := range ds.Spec.Template.Spec.Containers {
 				var pod []string
@@ -1024,6 +1076,128 @@ func TestUninstallHook(t *testing.T) {
 	}
 	if m := decode(t, render(t, "--set", "uninstall.waitForPods=")); len(m.hook.jobs)+len(m.hook.roles)+len(m.hook.accounts)+len(m.hook.roleBindings) != 0 {
 		t.Errorf("uninstall.waitForPods empty still renders hook objects: %+v", m.hook)
+	}
+}
+
+// TestNodeScope: the chart installs, by default, the admission policy
+// that holds the agent's account to its node (its expressions are held to
+// a real kube-apiserver by e2e TestK8sNodeScope), bound with Deny, for
+// the release's accounts and readiness taint; older clusters are refused
+// at install unless the value turns the policy off.
+func TestNodeScope(t *testing.T) {
+	for _, name := range []string{"", "mesh-agent"} {
+		t.Run("nameOverride="+name, func(t *testing.T) {
+			m := decode(t, render(t, "--set", "nameOverride="+name, "--set", "readinessTaint=example.com/mesh-not-ready"))
+			ds := m.daemonSets[0]
+			if len(m.policies) != 1 || len(m.bindingsVAP) != 1 {
+				t.Fatalf("%d policies, %d bindings; want one each", len(m.policies), len(m.bindingsVAP))
+			}
+			p, b := m.policies[0], m.bindingsVAP[0]
+			if b.Spec.PolicyName != p.Name || !slices.Equal(b.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
+				t.Errorf("binding %s: policy %q, actions %v; want %s, Deny", b.Name, b.Spec.PolicyName, b.Spec.ValidationActions, p.Name)
+			}
+			if p.Spec.FailurePolicy == nil || *p.Spec.FailurePolicy != admissionregistrationv1.Fail {
+				t.Errorf("failurePolicy %v; want Fail", p.Spec.FailurePolicy)
+			}
+			agent := "system:serviceaccount:" + namespace + ":" + ds.Spec.Template.Spec.ServiceAccountName
+			reader := agent + "-cni"
+			if len(p.Spec.MatchConditions) != 1 || !strings.Contains(p.Spec.MatchConditions[0].Expression, "'"+agent+"'") ||
+				!strings.Contains(p.Spec.MatchConditions[0].Expression, "'"+reader+"'") {
+				t.Errorf("match conditions %+v; want the accounts %s and %s", p.Spec.MatchConditions, agent, reader)
+			}
+			rules := p.Spec.MatchConstraints.ResourceRules
+			if len(rules) != 1 || !slices.Equal(rules[0].Operations, []admissionregistrationv1.OperationType{"CREATE", "UPDATE", "DELETE"}) ||
+				!slices.Equal(rules[0].Resources, []string{"*/*"}) || !slices.Equal(rules[0].APIGroups, []string{"*"}) {
+				t.Errorf("match rules %+v; want every write to every resource", rules)
+			}
+			vars := map[string]string{}
+			for _, v := range p.Spec.Variables {
+				vars[v.Name] = v.Expression
+			}
+			if vars["readinessTaint"] != "'example.com/mesh-not-ready'" || vars["agent"] != "request.userInfo.username == '"+agent+"'" {
+				t.Errorf("variables readinessTaint %q, agent %q; want the values'", vars["readinessTaint"], vars["agent"])
+			}
+			for _, v := range p.Spec.Validations {
+				if v.MessageExpression == "" || v.Expression == "" {
+					t.Errorf("validation %q without its message: every refusal names its rule", v.Expression)
+				}
+				// Not the default 422 Invalid: a refusal is a 403.
+				if v.Reason == nil || *v.Reason != metav1.StatusReasonForbidden {
+					t.Errorf("validation %q: reason %v; want Forbidden", v.Expression, v.Reason)
+				}
+			}
+		})
+	}
+	if m := decode(t, render(t, "--set", "nodeScope.enabled=false")); len(m.policies)+len(m.bindingsVAP) != 0 {
+		t.Errorf("nodeScope.enabled=false still renders %d policies and %d bindings", len(m.policies), len(m.bindingsVAP))
+	}
+	// A cluster before 1.30, or one that does not serve the API (helm
+	// lists a cluster's kinds, v1/Pod among them): a clear refusal, which
+	// the value lifts.
+	for _, args := range [][]string{
+		{"--kube-version", "1.29.4"},
+		{"--api-versions", "v1/Pod", "--api-versions", "admissionregistration.k8s.io/v1"},
+	} {
+		_, stderr, err := runHelm(t, append([]string{"template", release, chartDir, "--namespace", namespace}, args...)...)
+		if err == nil || !strings.Contains(stderr, "nodeScope.enabled needs Kubernetes 1.30 or later") || !strings.Contains(stderr, "--set nodeScope.enabled=false") {
+			t.Errorf("helm template %v: %v\n%s\nwant a refusal naming nodeScope.enabled", args, err, stderr)
+		}
+		m := decode(t, render(t, append(args, "--set", "nodeScope.enabled=false")...))
+		if len(m.policies) != 0 {
+			t.Errorf("helm template %v --set nodeScope.enabled=false rendered a policy", args)
+		}
+	}
+	m := decode(t, render(t, "--kube-version", "1.30.0", "--api-versions", "v1/Pod", "--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"))
+	if len(m.policies) != 1 {
+		t.Errorf("a 1.30 cluster serving ValidatingAdmissionPolicy: %d policies; want one", len(m.policies))
+	}
+}
+
+// TestPluginReadOnlyIdentity: the plugin's kubeconfig on the host holds a
+// token of an account that may get pods and namespaces and nothing else,
+// which the install step may request (serviceaccounts/token of that
+// account only).
+func TestPluginReadOnlyIdentity(t *testing.T) {
+	for _, name := range []string{"", "mesh-agent"} {
+		t.Run("nameOverride="+name, func(t *testing.T) {
+			m := decode(t, render(t, "--set", "nameOverride="+name))
+			ds := m.daemonSets[0]
+			reader := ds.Spec.Template.Spec.ServiceAccountName + "-cni"
+			var role *rbacv1.ClusterRole
+			for i := range m.roles {
+				if m.roles[i].Name == reader {
+					role = &m.roles[i]
+				}
+			}
+			if role == nil || len(role.Rules) != 1 || !slices.Equal(role.Rules[0].Verbs, []string{"get"}) ||
+				!slices.Equal(role.Rules[0].Resources, []string{"pods", "namespaces"}) || !slices.Equal(role.Rules[0].APIGroups, []string{""}) {
+				t.Fatalf("ClusterRole %s %+v; want get on pods and namespaces only", reader, role)
+			}
+			for _, rb := range m.roleBindings {
+				for _, s := range rb.Subjects {
+					if s.Name == reader {
+						t.Errorf("RoleBinding %s grants %s more", rb.Name, reader)
+					}
+				}
+			}
+			r := m.nsRoles[0]
+			token := slices.IndexFunc(r.Rules, func(x rbacv1.PolicyRule) bool { return slices.Contains(x.Resources, "serviceaccounts/token") })
+			if token < 0 || !slices.Equal(r.Rules[token].ResourceNames, []string{reader}) || !slices.Equal(r.Rules[token].Verbs, []string{"create"}) {
+				t.Errorf("Role %s rules %+v; want create on serviceaccounts/token of %s only", r.Name, r.Rules, reader)
+			}
+			in := container(t, &ds, "install-cni")
+			env := map[string]string{}
+			for _, e := range in.Env {
+				v := e.Value
+				if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+					v = "fieldRef:" + e.ValueFrom.FieldRef.FieldPath
+				}
+				env[e.Name] = v
+			}
+			if env["NFTREDIR_CNI_KUBE_READER_ACCOUNT"] != reader || env["POD_NAMESPACE"] != "fieldRef:metadata.namespace" {
+				t.Errorf("install-cni env %v; want the reader %s in the pod's namespace", env, reader)
+			}
+		})
 	}
 }
 

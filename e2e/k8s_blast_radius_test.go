@@ -21,8 +21,9 @@ import (
 
 // startBlastCluster is startMeshCluster with the plugin's entry as
 // "nftredir-cni install --kubernetes" writes it: the kubernetes key, and
-// the kubeconfig it names, made by the real installer from the nftredir
-// ServiceAccount's token.
+// the kubeconfig it names, made by the real installer from a token of the
+// chart's read-only account for the plugin (nftredir-cni: get pods and
+// namespaces, nothing else), so the lookups below show it is enough.
 func startBlastCluster(t *testing.T) (*meshCluster, string) {
 	t.Helper()
 	// Made before the cluster: its teardown's CNI DELs write the plugin's
@@ -57,7 +58,7 @@ func startBlastCluster(t *testing.T) (*meshCluster, string) {
 			t.Fatal(err)
 		}
 	}
-	writeFile(t, filepath.Join(sa, "token"), c.ServiceAccountToken(t, "nftredir-system", "nftredir"))
+	writeFile(t, filepath.Join(sa, "token"), c.ServiceAccountToken(t, "nftredir-system", readerAccount))
 	writeFile(t, filepath.Join(sa, "ca.crt"), string(c.Config().CAData))
 	writeFile(t, filepath.Join(confDir, "10-kcluster.conflist"), string(c.Conflist()))
 	writeFile(t, filepath.Join(inst, "entry.json"), `{"type":"nftredir-cni","dataDir":"`+filepath.Join(dir, "cni-data")+`"}`)

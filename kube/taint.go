@@ -117,7 +117,7 @@ func (u *Untainter) Run(ctx context.Context) {
 		}
 		hint := ""
 		if apierrors.IsForbidden(err) {
-			hint = "the ServiceAccount needs get and patch on nodes"
+			hint = "the ServiceAccount needs get and patch on nodes and, under the chart's node-scope admission policy, a token bound to a pod on this node (the in-cluster one)"
 		}
 		u.log.Warn("cannot remove the readiness taint; retrying", "error", err, "hint", hint, "retry_in", pause)
 		select {

@@ -3,6 +3,11 @@
 {{- .Values.nameOverride | default "nftredir" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The read-only ServiceAccount of the plugin's kubeconfig on the host. */}}
+{{- define "nftredir.readerName" -}}
+{{- printf "%s-cni" (include "nftredir.name" .) -}}
+{{- end -}}
+
 {{/* Labels of every object. */}}
 {{- define "nftredir.labels" -}}
 {{ include "nftredir.selectorLabels" . }}

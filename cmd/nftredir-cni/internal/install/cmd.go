@@ -85,9 +85,12 @@ variables instead (NFTREDIR_KUBERNETES, NFTREDIR_DATAPLANE_MODE_LABEL,
 enrolment policy when the daemon cannot answer.
 
 In Kubernetes mode the installer also writes --kubeconfig-name into
---cni-conf-dir (mode 0600) from the service account's token and CA, and
-rewrites it whenever the kubelet rotates the token; the entry's
-"kubernetes" key names it (docs/blast-radius.md).
+--cni-conf-dir (mode 0600) with the cluster's CA and a token, and the
+entry's "kubernetes" key names it (docs/blast-radius.md). With
+--kube-reader-account the token is that read-only ServiceAccount's (in
+--pod-namespace), requested for an hour with --kube-token-file's
+(TokenRequest) and renewed at 80% of its life; without it, it is
+--kube-token-file's own, rewritten whenever the kubelet rotates it.
 
 Flags:
 `
@@ -130,6 +133,7 @@ type options struct {
 	tokenFile      string
 	caFile         string
 	kubeServer     string
+	readerAccount  string
 }
 
 // Main runs the install or uninstall subcommand (args after it) and
@@ -284,7 +288,8 @@ func parse(command string, args []string, lookupEnv func(string) (string, bool),
 	fs.StringVar(&o.modeDisabled, "dataplane-mode-disabled", enrolment.DefaultModeDisabled, "entry key kubernetes.modeDisabled: nftredird's --dataplane-mode-disabled")
 	fs.StringVar(&o.kubeconfigName, "kubeconfig-name", DefaultKubeconfigName, "`file` name of the plugin's kubeconfig in --cni-conf-dir (Kubernetes mode)")
 	fs.StringVar(&o.confDirOnHost, "cni-conf-dir-on-host", "", "the runtime's CNI configuration `dir` as the plugin (on the host) sees it, for the kubeconfig's path in the entry; empty: --cni-conf-dir")
-	fs.StringVar(&o.tokenFile, "kube-token-file", DefaultTokenFile, "service account token `file` copied into the plugin's kubeconfig, again whenever it changes")
+	fs.StringVar(&o.tokenFile, "kube-token-file", DefaultTokenFile, "service account token `file`: copied into the plugin's kubeconfig, again whenever it changes; with --kube-reader-account, the credentials that request the reader's token")
+	fs.StringVar(&o.readerAccount, "kube-reader-account", "", "ServiceAccount `name`, in --pod-namespace, whose token the plugin's kubeconfig carries: requested with TokenRequest for an hour, renewed before it expires; give it only get on pods and namespaces. Empty: --kube-token-file's token itself")
 	fs.StringVar(&o.caFile, "kube-ca-file", DefaultCAFile, "the cluster's CA bundle `file` for the plugin's kubeconfig")
 	fs.StringVar(&o.kubeServer, "kube-server", "", "the Kubernetes API's https `URL` as the node reaches it; empty: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT")
 	if command == CmdInstall {
@@ -362,6 +367,9 @@ func parse(command string, args []string, lookupEnv func(string) (string, bool),
 			errs = append(errs, err)
 		}
 		kube = &Kubeconfig{Path: filepath.Join(o.confDir, o.kubeconfigName), TokenFile: o.tokenFile, CAFile: o.caFile, Server: o.kubeServer}
+		if o.readerAccount != "" {
+			kube.Reader = &ReaderToken{Namespace: o.podNamespace, Account: o.readerAccount}
+		}
 	}
 	entry, err := o.entry(given)
 	if err != nil {

@@ -127,6 +127,9 @@ type Installer struct {
 	mu  sync.Mutex // serialises syncs and uninstall
 	// ready is true after a sync that left everything in place.
 	ready atomic.Bool
+	// readerToken is the plugin's read-only token (Kubeconfig.Reader),
+	// once issued; guarded by mu.
+	readerToken *issuedToken
 }
 
 // New checks cfg and returns an Installer that has changed nothing yet.

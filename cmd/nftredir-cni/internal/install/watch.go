@@ -21,8 +21,9 @@ const retryAfterError = time.Second
 
 // Run syncs, then keeps the installation in place until ctx ends: it
 // watches the configuration directory and the bin dirs and syncs again
-// after every change to a network file or to the plugin binary, and every
-// resync interval in case an event was missed. It returns only when ctx
+// after every change to a network file or to the plugin binary, every
+// resync interval in case an event was missed, and when the plugin's
+// read-only token is due for renewal. It returns only when ctx
 // ends, or when the directories cannot be watched.
 func (in *Installer) Run(ctx context.Context, resync time.Duration) error {
 	w, err := fsnotify.NewWatcher()
@@ -92,6 +93,9 @@ func (in *Installer) Run(ctx context.Context, resync time.Duration) error {
 			}
 			if err != nil {
 				next = min(resync, retryAfterError)
+			}
+			if d := in.untilRenewal(); d > 0 {
+				next = min(next, d)
 			}
 			timer.Reset(next)
 		}
