@@ -134,9 +134,11 @@ func SetRedirection(ctx context.Context, c kubernetes.Interface, pod *corev1.Pod
 		return true, nil
 	case apierrors.IsNotFound(err):
 		return false, nil
-	case apierrors.IsConflict(err) || apierrors.IsInvalid(err):
-		// The uid did not match, or something else was wrong: only a
-		// look at the pod of that name tells which.
+	case apierrors.IsConflict(err) || apierrors.IsInvalid(err) || apierrors.IsForbidden(err):
+		// The uid did not match (refused as an immutable field, or by
+		// the chart's node-scope policy, which sees the uid change), or
+		// something else was wrong: only a look at the pod of that name
+		// tells which.
 		cur, gerr := c.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(gerr) || gerr == nil && cur.UID != pod.UID {
 			return false, nil
