@@ -304,9 +304,9 @@ func TestZtunnel(t *testing.T) {
 }
 
 // TestZtunnelRequireAck: with --zds-require-ack an AddPod returns only once
-// the node proxy acked the pod; without a proxy it fails with Unavailable,
-// leaving the pod enrolled and captured, and the retry succeeds once a
-// proxy has it.
+// the node proxy acked the pod; without a proxy a new pod is refused with
+// Unavailable and its namespace left as it was, and the retry succeeds
+// once a proxy has connected and acked it.
 func TestZtunnelRequireAck(t *testing.T) {
 	nstest.RequirePrivileged(t)
 	podD, podE := nstest.NewNetns(t), nstest.NewNetns(t)
@@ -318,25 +318,34 @@ func TestZtunnelRequireAck(t *testing.T) {
 	ctx := t.Context()
 
 	_, err := c.AddPod(ctx, addPodReq(uidD, "web", podD, "sa-web"))
-	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "captured but the node proxy has not taken it") {
-		t.Fatalf("AddPod with no proxy connected: %v; want Unavailable saying the pod is captured but not taken", err)
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "was not captured") || !strings.Contains(err.Error(), "nothing was changed") {
+		t.Fatalf("AddPod with no proxy connected: %v; want Unavailable saying the pod was not captured and nothing was changed", err)
 	}
-	wantInSync(t, c, uidD, podD)
-	if got := getPod(t, c, uidD).GetPod().GetZdsState(); got != "no proxy connected" {
-		t.Errorf("zds_state %q, want no proxy connected", got)
+	if getPod(t, c, uidD) != nil {
+		t.Errorf("the refused pod %s is enrolled; a refusal records nothing", uidD)
+	}
+	if s := observePod(t, podD); !s.absent() {
+		t.Errorf("the refused pod's namespace shows %s; want nothing of ours", s)
 	}
 
 	peer := zdstest.Dial(t, zdsSock)
-	snap := peer.Handshake()
-	if len(snap) != 1 || snap[0].UID != uidD || snap[0].Kind != zdstest.Add || len(snap[0].Fds) != 1 {
-		t.Fatalf("snapshot %v; want add %s with its fd", snap, uidD)
+	if snap := peer.Handshake(); len(snap) != 0 {
+		t.Fatalf("snapshot %v; want it empty: the refused pod was never captured", snap)
 	}
-	checkZDSAdd(t, snap[0], podD.Path, "web", "shop", "sa-web")
+	// The retry the error asked for: the proxy takes the pod this time.
+	retried := make(chan error, 1)
+	go func() {
+		_, err := c.AddPod(context.WithoutCancel(ctx), addPodReq(uidD, "web", podD, "sa-web"))
+		retried <- err
+	}()
+	add := peer.Expect(zdstest.Add, uidD)
+	checkZDSAdd(t, add, podD.Path, "web", "shop", "sa-web")
+	peer.Ack("")
+	if err := <-retried; err != nil {
+		t.Fatalf("retried AddPod once a proxy connected: %v", err)
+	}
+	wantInSync(t, c, uidD, podD)
 	waitZDSState(t, c, uidD, "acked")
-	// The retry the error asked for: the proxy holds the pod now.
-	if _, err := c.AddPod(ctx, addPodReq(uidD, "web", podD, "sa-web")); err != nil {
-		t.Errorf("retried AddPod once the proxy acked the pod: %v", err)
-	}
 
 	// AddPod waits for the ack.
 	type result struct {
