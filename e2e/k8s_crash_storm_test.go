@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -446,8 +448,10 @@ func (s *storm) stopBurst() {
 		b.mu.Unlock()
 		time.Sleep(10 * time.Millisecond)
 	}
-	b.cancel()
+	// Each worker finishes the operation it is in: one cut off would
+	// count as failed.
 	b.wg.Wait()
+	b.cancel()
 	s.ops = nil
 }
 
@@ -560,7 +564,11 @@ func (s *storm) report(t *testing.T, kills int) {
 	fmt.Fprintf(&b, "\nproxy connections: %d\n", s.proxy.connections())
 	fmt.Fprintf(&b, "start to SERVING: p50 %s, max %s (%d starts)\n", percentile(s.servings, 50).Round(time.Millisecond), percentile(s.servings, 100).Round(time.Millisecond), len(s.servings))
 	fmt.Fprintf(&b, "start to settled: p50 %s, max %s (%d settles)\n", percentile(s.settles, 50).Round(time.Millisecond), percentile(s.settles, 100).Round(time.Millisecond), len(s.settles))
-	fmt.Fprintf(&b, "violations: %d\n", len(s.violations))
+	b.WriteString("the daemon's work after kills, from its log:")
+	for _, w := range s.daemonWork(t) {
+		fmt.Fprintf(&b, "\n  %s", w)
+	}
+	fmt.Fprintf(&b, "\nviolations: %d\n", len(s.violations))
 	for _, v := range s.violations {
 		fmt.Fprintf(&b, "  %s\n", v)
 	}
@@ -576,4 +584,59 @@ func percentile(ds []time.Duration, p int) time.Duration {
 	slices.Sort(s)
 	i := (p*len(s)+99)/100 - 1
 	return s[max(i, 0)]
+}
+
+// recoveryMessages are the daemon's log messages that show it finishing
+// or undoing what a kill interrupted, or catching up with what happened
+// while it was down.
+var recoveryMessages = []string{
+	"repairing",
+	"record dropped",
+	"capture taken back: the add failed after it",
+	"pod moved to another namespace",
+	"namespace left for teardown settled",
+	"pod released: it is gone from the Kubernetes API",
+	"pod released: the enrolment policy leaves it uncaptured",
+	"running pod's namespace found and proven by its IPs",
+	"running pod enrolled: it matches the policy",
+}
+
+// daemonWork counts, in the daemon's log over the whole storm, the
+// recovery messages and every warning and error by message.
+func (s *storm) daemonWork(t *testing.T) []string {
+	f, err := os.Open(s.m.daemon.log)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	defer f.Close()
+	counts := map[string]int{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var l struct {
+			Level   string `json:"@level"`
+			Message string `json:"@message"`
+		}
+		if json.Unmarshal(sc.Bytes(), &l) != nil {
+			continue
+		}
+		switch {
+		case l.Level == "warn" || l.Level == "error":
+			counts[l.Level+": "+l.Message]++
+		case slices.Contains(recoveryMessages, l.Message):
+			counts[l.Message]++
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Errorf("read %s: %v", s.m.daemon.log, err)
+	}
+	var out []string
+	for _, msg := range recoveryMessages {
+		out = append(out, fmt.Sprintf("%q %d", msg, counts[msg]))
+		delete(counts, msg)
+	}
+	for _, msg := range slices.Sorted(maps.Keys(counts)) {
+		out = append(out, fmt.Sprintf("%s (%d)", msg, counts[msg]))
+	}
+	return out
 }
