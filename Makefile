@@ -91,7 +91,7 @@ test: deps lint-go build
 # the detector sees nothing, and they run above without it. The lifecycle
 # and server logic tests run on capture's in-memory engine.
 RACE_PKGS := ./capture/... ./lifecycle/... ./state/... ./internal/podevents \
-	./client/... ./server/... ./zds/... ./kube/... ./probe/... ./nft/... \
+	./client/... ./server/... ./zds/... ./kube/... ./nri/... ./probe/... ./nft/... \
 	./cmd/nftredird ./cmd/nftredirctl ./cmd/nftredir-cni/... \
 	./internal/health ./cmd/nftredird/internal/metrics ./internal/peercred ./internal/nftlive
 race:

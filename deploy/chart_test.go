@@ -611,6 +611,7 @@ func TestBadValues(t *testing.T) {
 		{[]string{"--set", "enrolment.enabled="}, "enabled"},
 		{[]string{"--set", "dnsCapure=true"}, "dnsCapure"},
 		{[]string{"--set", "image.pullPolicy=Sometimes"}, "pullPolicy"},
+		{[]string{"--set", "enrolment.via=exec"}, "via"},
 	} {
 		_, stderr, err := runHelm(t, append([]string{"template", release, chartDir, "--namespace", namespace}, tc.args...)...)
 		if err == nil || !strings.Contains(stderr, tc.want) {
@@ -1023,5 +1024,41 @@ func TestUninstallHook(t *testing.T) {
 	}
 	if m := decode(t, render(t, "--set", "uninstall.waitForPods=")); len(m.hook.jobs)+len(m.hook.roles)+len(m.hook.accounts)+len(m.hook.roleBindings) != 0 {
 		t.Errorf("uninstall.waitForPods empty still renders hook objects: %+v", m.hook)
+	}
+}
+
+// enrolment.via nri: both containers read it from the ConfigMap, the
+// daemon gets the runtime's NRI socket, and its pod carries the
+// annotation the runtime's validator is told to accept, so that nftredir
+// itself starts while its plugin is not registered. With cni the socket
+// is not mounted.
+func TestEnrolmentViaNRI(t *testing.T) {
+	m := decode(t, render(t, "--set", "enrolment.via=nri", "--set", "hostPaths.nriDir=/run/containerd/nri"))
+	if got := m.configMap(t).Data["NFTREDIR_ENROLMENT"]; got != defaults.EnrolmentNRI {
+		t.Errorf("NFTREDIR_ENROLMENT = %q", got)
+	}
+	ds := &m.daemonSets[0]
+	if got := ds.Spec.Template.Annotations[defaults.NRITolerateAnnotation]; got != "true" {
+		t.Errorf("pod annotation %s = %q; want \"true\"", defaults.NRITolerateAnnotation, got)
+	}
+	mounted := func(ds *appsv1.DaemonSet) string {
+		d := container(t, ds, "nftredird")
+		for _, vm := range d.VolumeMounts {
+			if vm.MountPath != filepath.Dir(defaults.NRISocket) {
+				continue
+			}
+			for _, v := range ds.Spec.Template.Spec.Volumes {
+				if v.Name == vm.Name && v.HostPath != nil {
+					return v.HostPath.Path
+				}
+			}
+		}
+		return ""
+	}
+	if got := mounted(ds); got != "/run/containerd/nri" {
+		t.Errorf("the daemon's %s is the host's %q; want /run/containerd/nri", filepath.Dir(defaults.NRISocket), got)
+	}
+	if got := mounted(&decode(t, render(t)).daemonSets[0]); got != "" {
+		t.Errorf("with enrolment.via cni the daemon still mounts the host's %s", got)
 	}
 }

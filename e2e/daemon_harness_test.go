@@ -40,6 +40,7 @@ type nftredird struct {
 	log      string
 	args     []string
 	netns    string
+	env      []string
 
 	cmd    *exec.Cmd
 	exited chan struct{}
@@ -56,6 +57,11 @@ type daemonOpts struct {
 	// test-made "node", as in the Kubernetes cluster tests); it stays in
 	// the machine's mount namespace.
 	netns string
+	// daemon, when set, is the nftredird binary to run instead of the
+	// product build (testHookDaemon).
+	daemon string
+	// env is more environment for the daemon.
+	env []string
 }
 
 // startDaemon starts nftredird and waits until it reports SERVING. It is
@@ -75,6 +81,10 @@ func startDaemon(t *testing.T, o daemonOpts) *nftredird {
 		log:      filepath.Join(dir, "nftredird.log"),
 		args:     o.args,
 		netns:    o.netns,
+		env:      o.env,
+	}
+	if o.daemon != "" {
+		d.bin.Daemon = o.daemon
 	}
 	// Registered first so that it runs last, after the stop below has
 	// flushed the daemon's final lines.
@@ -127,7 +137,7 @@ func (d *nftredird) launch(t *testing.T) {
 		// nsenter execs the daemon in place: the pid stays the daemon's.
 		cmd = exec.Command("nsenter", append([]string{"--net=" + d.netns, "--", d.bin.Daemon}, args...)...)
 	}
-	cmd.Env = cleanEnv()
+	cmd.Env = append(cleanEnv(), d.env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Pdeathsig: a test binary killed by its -timeout runs no cleanup; a
 	// root daemon must not outlive it. The signal follows the thread that

@@ -103,3 +103,32 @@ func binaries(t testing.TB) Binaries {
 		Repo:      repo,
 	}
 }
+
+var (
+	testHookOnce sync.Once
+	testHookBin  string
+	testHookErr  error
+)
+
+// testHookDaemon builds nftredird with the nftredir_testhooks tag, which
+// honours variables a product build has not (NFTREDIR_TEST_NRI_DELAY),
+// and returns its path.
+func testHookDaemon(t testing.TB) string {
+	t.Helper()
+	b := binaries(t)
+	testHookOnce.Do(func() {
+		out := filepath.Join(binDir, "nftredird-testhooks")
+		cmd := exec.Command("go", "build", "-tags", "nftredir_testhooks", "-o", out, "./cmd/nftredird")
+		cmd.Dir = b.Repo
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if o, err := cmd.CombinedOutput(); err != nil {
+			testHookErr = fmt.Errorf("go build -tags nftredir_testhooks ./cmd/nftredird: %v\n%s", err, o)
+			return
+		}
+		testHookBin = out
+	})
+	if testHookErr != nil {
+		t.Fatal(testHookErr)
+	}
+	return testHookBin
+}

@@ -584,46 +584,52 @@ func (r *rig) silentProxy(t *testing.T) {
 	}
 }
 
-// TestRefusedAddPodChangesNothing: through the API (AddPod, as a CNI ADD
-// or an operator calls it), every refusal and failure, on the first try
-// and two retries.
-func TestRefusedAddPodChangesNothing(t *testing.T) {
+// forEachRefusal runs test for every refusal in every world it applies
+// to, each with a pod address of its own in 10.<subnet>.0.0/16.
+func forEachRefusal(t *testing.T, subnet int, test func(t *testing.T, c refusal, world, ip string)) {
 	nstest.RequirePrivileged(t)
 	n := 0
 	for _, c := range refusals() {
 		for _, wn := range c.worlds {
 			n++
-			ip := fmt.Sprintf("10.81.%d.%d", n/200, 2+n%200)
-			t.Run(c.name+"/"+wn, func(t *testing.T) {
-				r := newRig(t, c.opts)
-				pod, path := r.pod(t, worlds[wn], ip)
-				before, node := snapshot(t, pod), r.nodeState(t)
-				for try := 1; try <= 3; try++ {
-					c.armAll(t, r, pod, path)
-					ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-					_, err := r.m.AddPod(ctx, addReq("uid-refused", path, ip))
-					cancel()
-					if err == nil {
-						t.Fatalf("try %d: AddPod succeeded", try)
-					}
-					if k := lifecycle.Classify(err).Kind; k != c.kind {
-						t.Errorf("try %d: %v: kind %v; want %v", try, err, k, c.kind)
-					}
-					if try == 1 {
-						t.Logf("refused: %v", err)
-					}
-					sameSnapshot(t, fmt.Sprintf("try %d (%v)", try, err), before, snapshot(t, pod))
-					sameSnapshot(t, fmt.Sprintf("try %d, the node's namespace", try), node, r.nodeState(t))
-					if recs := r.records(t); len(recs) != 0 {
-						t.Fatalf("try %d: records %v", try, recs)
-					}
-				}
-				if h := r.faults.hit(); c.step != "" && h == 0 {
-					t.Errorf("step %s was never reached", c.step)
-				}
-			})
+			ip := fmt.Sprintf("10.%d.%d.%d", subnet, n/200, 2+n%200)
+			t.Run(c.name+"/"+wn, func(t *testing.T) { test(t, c, wn, ip) })
 		}
 	}
+}
+
+// TestRefusedAddPodChangesNothing: through the API (AddPod, as a CNI ADD
+// or an operator calls it), every refusal and failure, on the first try
+// and two retries.
+func TestRefusedAddPodChangesNothing(t *testing.T) {
+	forEachRefusal(t, 81, func(t *testing.T, c refusal, wn, ip string) {
+		r := newRig(t, c.opts)
+		pod, path := r.pod(t, worlds[wn], ip)
+		before, node := snapshot(t, pod), r.nodeState(t)
+		for try := 1; try <= 3; try++ {
+			c.armAll(t, r, pod, path)
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			_, err := r.m.AddPod(ctx, addReq("uid-refused", path, ip))
+			cancel()
+			if err == nil {
+				t.Fatalf("try %d: AddPod succeeded", try)
+			}
+			if k := lifecycle.Classify(err).Kind; k != c.kind {
+				t.Errorf("try %d: %v: kind %v; want %v", try, err, k, c.kind)
+			}
+			if try == 1 {
+				t.Logf("refused: %v", err)
+			}
+			sameSnapshot(t, fmt.Sprintf("try %d (%v)", try, err), before, snapshot(t, pod))
+			sameSnapshot(t, fmt.Sprintf("try %d, the node's namespace", try), node, r.nodeState(t))
+			if recs := r.records(t); len(recs) != 0 {
+				t.Fatalf("try %d: records %v", try, recs)
+			}
+		}
+		if h := r.faults.hit(); c.step != "" && h == 0 {
+			t.Errorf("step %s was never reached", c.step)
+		}
+	})
 }
 
 // TestRefusedEnrolmentChangesNothing: in Kubernetes mode, the agent
@@ -631,79 +637,71 @@ func TestRefusedAddPodChangesNothing(t *testing.T) {
 // enrols it; every refusal and failure leaves the namespace as before,
 // however often the agent retries (its sweep runs every 150 ms here).
 func TestRefusedEnrolmentChangesNothing(t *testing.T) {
-	nstest.RequirePrivileged(t)
-	n := 0
-	for _, c := range refusals() {
-		for _, wn := range c.worlds {
-			n++
-			ip := fmt.Sprintf("10.82.%d.%d", n/200, 2+n%200)
-			t.Run(c.name+"/"+wn, func(t *testing.T) {
-				o := c.opts
-				o.kubernetes = true
-				r := newRig(t, o)
-				pod, path := r.pod(t, worlds[wn], ip)
-				before, node := snapshot(t, pod), r.nodeState(t)
-				c.armAll(t, r, pod, path)
-				ctx, cancel := context.WithCancel(context.Background())
-				defer cancel()
-				web := &corev1.Pod{
-					ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "mesh", UID: types.UID("uid-agent")},
-					Spec:       corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Name: "app"}}},
-					Status:     corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}},
-				}
-				if _, err := r.api.CoreV1().Pods("mesh").Create(ctx, web, metav1.CreateOptions{}); err != nil {
-					t.Fatal(err)
-				}
-				enr := &quiet{Manager: r.m}
-				if err := r.agent.Start(ctx, enr); err != nil {
-					t.Fatal(err)
-				}
-				// Start's pass, then the agent's retries (an armed step
-				// fails every time it is reached): the namespace, the
-				// node's and the records are looked at between two of its
-				// AddPods, never during one.
-				look := func(what string) {
-					t.Helper()
-					var snap, nodeSnap string
-					var recs []string
-					enr.between(func() string {
-						snap, nodeSnap, recs = snapshot(t, pod), r.nodeState(t), r.records(t)
-						return ""
-					})
-					sameSnapshot(t, what, before, snap)
-					sameSnapshot(t, what+", the node's namespace", node, nodeSnap)
-					if len(recs) != 0 {
-						t.Fatalf("%s: records %v", what, recs)
-					}
-				}
-				if c.agentStopsEarlier {
-					time.Sleep(time.Second)
-					if n := enr.tries(); n != 0 {
-						t.Fatalf("the agent enrolled %d times", n)
-					}
-					look("after a second")
-				}
-				deadline := time.Now().Add(20 * time.Second)
-				for seen := 0; seen < 4 && !c.agentStopsEarlier; {
-					if time.Now().After(deadline) {
-						t.Fatalf("the agent tried %d times in 20s", enr.tries())
-					}
-					time.Sleep(50 * time.Millisecond)
-					if n := enr.tries(); n > seen {
-						seen = n
-						look(fmt.Sprintf("after try %d", n))
-					}
-				}
-				p, err := r.api.CoreV1().Pods("mesh").Get(ctx, "web", metav1.GetOptions{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if v, ok := p.Annotations[kube.RedirectionAnnotation]; ok {
-					t.Errorf("the pod is annotated %q", v)
-				}
-			})
+	forEachRefusal(t, 82, func(t *testing.T, c refusal, wn, ip string) {
+		o := c.opts
+		o.kubernetes = true
+		r := newRig(t, o)
+		pod, path := r.pod(t, worlds[wn], ip)
+		before, node := snapshot(t, pod), r.nodeState(t)
+		c.armAll(t, r, pod, path)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		web := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "mesh", UID: types.UID("uid-agent")},
+			Spec:       corev1.PodSpec{NodeName: "node-1", Containers: []corev1.Container{{Name: "app"}}},
+			Status:     corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}},
 		}
-	}
+		if _, err := r.api.CoreV1().Pods("mesh").Create(ctx, web, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		enr := &quiet{Manager: r.m}
+		if err := r.agent.Start(ctx, enr); err != nil {
+			t.Fatal(err)
+		}
+		// Start's pass, then the agent's retries (an armed step
+		// fails every time it is reached): the namespace, the
+		// node's and the records are looked at between two of its
+		// AddPods, never during one.
+		look := func(what string) {
+			t.Helper()
+			var snap, nodeSnap string
+			var recs []string
+			enr.between(func() string {
+				snap, nodeSnap, recs = snapshot(t, pod), r.nodeState(t), r.records(t)
+				return ""
+			})
+			sameSnapshot(t, what, before, snap)
+			sameSnapshot(t, what+", the node's namespace", node, nodeSnap)
+			if len(recs) != 0 {
+				t.Fatalf("%s: records %v", what, recs)
+			}
+		}
+		if c.agentStopsEarlier {
+			time.Sleep(time.Second)
+			if n := enr.tries(); n != 0 {
+				t.Fatalf("the agent enrolled %d times", n)
+			}
+			look("after a second")
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for seen := 0; seen < 4 && !c.agentStopsEarlier; {
+			if time.Now().After(deadline) {
+				t.Fatalf("the agent tried %d times in 20s", enr.tries())
+			}
+			time.Sleep(50 * time.Millisecond)
+			if n := enr.tries(); n > seen {
+				seen = n
+				look(fmt.Sprintf("after try %d", n))
+			}
+		}
+		p, err := r.api.CoreV1().Pods("mesh").Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, ok := p.Annotations[kube.RedirectionAnnotation]; ok {
+			t.Errorf("the pod is annotated %q", v)
+		}
+	})
 }
 
 // quiet is the lifecycle engine as the agent sees it, counting the

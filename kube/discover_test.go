@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
@@ -97,6 +98,32 @@ func eventReasons(ctx context.Context, t *testing.T, cs *fake.Clientset, pod str
 	return out
 }
 
+// pinAgent is an agent of node-1 over a fake API holding the labelled
+// namespace "mesh" and pods, finding running pods' namespaces among the
+// pins in dir, with cfg's timings; and its guardEnroller, not started.
+func pinAgent(t *testing.T, dir string, cfg Config, pods ...*corev1.Pod) (*fake.Clientset, *netns.Guard, *Agent, *guardEnroller) {
+	t.Helper()
+	objs := []runtime.Object{&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "mesh", Labels: map[string]string{DefaultModeLabel: DefaultModeEnabled}}}}
+	for _, p := range pods {
+		objs = append(objs, p)
+	}
+	cs := fake.NewClientset(objs...)
+	guard, err := netns.NewGuard()
+	if err != nil {
+		t.Fatal(err)
+	}
+	scanner, err := pins.New(pins.Config{Guard: guard, Dirs: []string{dir}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Client, cfg.NodeName, cfg.Dir, cfg.Pins = cs, "node-1", t.TempDir(), scanner
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs, guard, a, &guardEnroller{fakeEnroller: &fakeEnroller{a: a, recs: map[string]*nftredirv1.Pod{}}, guard: guard}
+}
+
 // TestAgentEnrolsRunningPodsByTheirPins: at start, before the agent
 // reports ready, a running pod it never saw a sandbox of is enrolled in
 // the one pinned namespace carrying its IP; a pod whose IP no pin carries,
@@ -110,26 +137,12 @@ func TestAgentEnrolsRunningPodsByTheirPins(t *testing.T) {
 	pinNetns(t, dir, "cni-twin-a", "10.77.0.7/24")
 	pinNetns(t, dir, "cni-twin-b", "10.77.0.7/24")
 
-	cs := fake.NewClientset(
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "mesh", Labels: map[string]string{DefaultModeLabel: DefaultModeEnabled}}},
+	cs, guard, a, e := pinAgent(t, dir, Config{Sweep: 4 * time.Second},
 		runningPod("web", "10.77.0.5"),
 		runningPod("lost", "10.77.0.9"),
 		runningPod("twin", "10.77.0.7"),
 		runningPod("pending", ""),
 	)
-	guard, err := netns.NewGuard()
-	if err != nil {
-		t.Fatal(err)
-	}
-	scanner, err := pins.New(pins.Config{Guard: guard, Dirs: []string{dir}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := New(Config{Client: cs, NodeName: "node-1", Dir: t.TempDir(), Sweep: 4 * time.Second, Pins: scanner})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &guardEnroller{fakeEnroller: &fakeEnroller{a: a, recs: map[string]*nftredirv1.Pod{}}, guard: guard}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	if err := a.Start(ctx, e); err != nil {
@@ -198,25 +211,12 @@ func TestAgentRediscoversAStaleSighting(t *testing.T) {
 	dir := t.TempDir()
 	pinNetns(t, dir, "cni-web-now", "10.78.0.5/24")
 	pinNetns(t, dir, "cni-other", "10.78.0.7/24")
-	cs := fake.NewClientset(
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "mesh", Labels: map[string]string{DefaultModeLabel: DefaultModeEnabled}}},
+	// An hour: anything that happens within the test is not the resync.
+	cs, _, a, e := pinAgent(t, dir, Config{Resync: time.Hour, Sweep: time.Hour},
 		runningPod("web", "10.78.0.5"),
 		runningPod("moved", "10.78.0.6"),
 		runningPod("lost", "10.78.0.9"),
 	)
-	guard, err := netns.NewGuard()
-	if err != nil {
-		t.Fatal(err)
-	}
-	scanner, err := pins.New(pins.Config{Guard: guard, Dirs: []string{dir}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// An hour: anything that happens within the test is not the resync.
-	a, err := New(Config{Client: cs, NodeName: "node-1", Dir: t.TempDir(), Resync: time.Hour, Sweep: time.Hour, Pins: scanner})
-	if err != nil {
-		t.Fatal(err)
-	}
 	pinNetns(t, dir, "cni-moved-then", "10.78.0.8/24")
 	stale := func(name, path, id string) sighting {
 		return sighting{PodUID: "uid-" + name, Namespace: "mesh", Name: name, NetnsPath: path, NetnsID: id, SeenAt: time.Now().UTC()}
@@ -232,7 +232,6 @@ func TestAgentRediscoversAStaleSighting(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	e := &guardEnroller{fakeEnroller: &fakeEnroller{a: a, recs: map[string]*nftredirv1.Pod{}}, guard: guard}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	if err := a.Start(ctx, e); err != nil {

@@ -843,15 +843,19 @@ func smallestProgram() string {
 	return p
 }
 
-// containerd's log lines around a sandbox (logrus text format); the CNI
-// chain's lines are logged at debug:
+// containerd's log lines around a sandbox (logrus text format, the
+// sandbox's metadata in protobuf text format, whose attempt is left out
+// when 0); the CNI chain's lines are logged at debug:
 //
-//	time="..." level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:p,Uid:U,Namespace:n,Attempt:0,}"
+//	time="..." level=info msg="RunPodSandbox for name:\"p\" uid:\"U\" namespace:\"n\""
 //	time="..." level=debug msg="begin cni setup" podsandboxid=ID
 //	time="..." level=debug msg="cni result: {...}" podsandboxid=ID
-//	time="..." level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:p,Uid:U,Namespace:n,Attempt:0,} returns sandbox id \"ID\""
+//	time="..." level=info msg="RunPodSandbox for name:\"p\" uid:\"U\" namespace:\"n\" returns sandbox id \"ID\""
+//
+// The protobuf library varies the spaces between fields from one build
+// to another, so the pattern takes any run of them.
 var (
-	sandboxLine = regexp.MustCompile(`^time="([^"]+)".*msg="RunPodSandbox for &PodSandboxMetadata\{Name:[^,]*,Uid:([^,]*),Namespace:[^,]*,Attempt:0,\}( returns sandbox id \\"([0-9a-f]+)\\")?"`)
+	sandboxLine = regexp.MustCompile(`^time="([^"]+)".*msg="RunPodSandbox for name: *\\"[^"\\]*\\" +uid: *\\"([^"\\]*)\\" +namespace: *\\"[^"\\]*\\" *( returns sandbox id \\"([0-9a-f]+)\\")?"`)
 	cniLine     = regexp.MustCompile(`^time="([^"]+)" level=debug msg="(begin cni setup|cni result: ).*" podsandboxid=([0-9a-f]+)$`)
 )
 

@@ -9,21 +9,22 @@ import (
 	"time"
 )
 
-// Lines as containerd 1.6 writes them (logrus text format, at debug),
-// with others between; a retried sandbox (Attempt:1) is not a first
-// start, and a failed one has no end.
-const containerdLog = `time="2026-12-01T20:00:00.100000000Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:ps0-0,Uid:aaa,Namespace:ps-bare,Attempt:0,}"
+// Lines as containerd 2.x writes them (logrus text format, at debug),
+// with others between; a retried sandbox (attempt:1) is not a first
+// start, and a failed one has no end. The second pod's lines have the
+// wider spacing another build of the protobuf library may print.
+const containerdLog = `time="2026-12-01T20:00:00.100000000Z" level=info msg="RunPodSandbox for name:\"ps0-0\" uid:\"aaa\" namespace:\"ps-bare\""
 time="2026-12-01T20:00:00.110000000Z" level=debug msg="begin cni setup" podsandboxid=0123abcd
 time="2026-12-01T20:00:00.120000000Z" level=info msg="loading plugin"
-time="2026-12-01T20:00:00.150000000Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:ps0-1,Uid:bbb,Namespace:ps-mesh,Attempt:0,}"
+time="2026-12-01T20:00:00.150000000Z" level=info msg="RunPodSandbox for name:  \"ps0-1\"  uid:  \"bbb\"  namespace:  \"ps-mesh\""
 time="2026-12-01T20:00:00.160000000Z" level=debug msg="begin cni setup" podsandboxid=4567ef
 time="2026-12-01T20:00:00.123500000Z" level=debug msg="cni result: {\"Interfaces\":{\"eth0\":{\"IPConfigs\":[{\"IP\":\"10.10.1.2\"}]}}}" podsandboxid=0123abcd
-time="2026-12-01T20:00:00.191500000Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:ps0-0,Uid:aaa,Namespace:ps-bare,Attempt:0,} returns sandbox id \"0123abcd\""
-time="2026-12-01T20:00:00.260000000Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:ps0-1,Uid:bbb,Namespace:ps-mesh,Attempt:0,} returns sandbox id \"4567ef\""
-time="2026-12-01T20:00:01.000000000Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:ps0-2,Uid:ccc,Namespace:ps-mesh,Attempt:1,}"
-time="2026-12-01T20:00:01.090000000Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:ps0-2,Uid:ccc,Namespace:ps-mesh,Attempt:1,} returns sandbox id \"89\""
-time="2026-12-01T20:00:02.000000000Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:ps0-3,Uid:ddd,Namespace:ps-mesh,Attempt:0,}"
-time="2026-12-01T20:00:02.050000000Z" level=error msg="RunPodSandbox for &PodSandboxMetadata{Name:ps0-3,Uid:ddd,Namespace:ps-mesh,Attempt:0,} failed, error" error="plugin type=\"nftredir-cni\" failed"
+time="2026-12-01T20:00:00.191500000Z" level=info msg="RunPodSandbox for name:\"ps0-0\" uid:\"aaa\" namespace:\"ps-bare\" returns sandbox id \"0123abcd\""
+time="2026-12-01T20:00:00.260000000Z" level=info msg="RunPodSandbox for name:  \"ps0-1\"  uid:  \"bbb\"  namespace:  \"ps-mesh\" returns sandbox id \"4567ef\""
+time="2026-12-01T20:00:01.000000000Z" level=info msg="RunPodSandbox for name:\"ps0-2\" uid:\"ccc\" namespace:\"ps-mesh\" attempt:1"
+time="2026-12-01T20:00:01.090000000Z" level=info msg="RunPodSandbox for name:\"ps0-2\" uid:\"ccc\" namespace:\"ps-mesh\" attempt:1 returns sandbox id \"89\""
+time="2026-12-01T20:00:02.000000000Z" level=info msg="RunPodSandbox for name:\"ps0-3\" uid:\"ddd\" namespace:\"ps-mesh\""
+time="2026-12-01T20:00:02.050000000Z" level=error msg="RunPodSandbox for name:\"ps0-3\" uid:\"ddd\" namespace:\"ps-mesh\" failed, error" error="plugin type=\"nftredir-cni\" failed"
 `
 
 func TestParseSandboxTimes(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -87,9 +88,14 @@ type options struct {
 	tproxyV6     addrValue
 
 	kubernetes bool
-	takeOver   bool
-	kubeconfig string
-	nodeName   string
+	// enrolment is how the runtime hands over new pods: defaults.EnrolmentCNI,
+	// EnrolmentNRI or EnrolmentAuto.
+	enrolment   string
+	nriSocket   string
+	nriGateFile string
+	takeOver    bool
+	kubeconfig  string
+	nodeName    string
 	// kubeStateDir is where Kubernetes mode kept its records before they
 	// moved under stateDir: what is there is moved in at start.
 	kubeStateDir string
@@ -220,6 +226,9 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), out io.Wri
 	fs.Var(&o.probeV6, "probe-source-v6", "IPv6 kubelet probe source `address`; empty disables")
 	fs.BoolVar(&o.version, "version", false, "print the version (module, VCS revision and time, Go version) and exit")
 	fs.BoolVar(&o.kubernetes, "kubernetes", false, "Kubernetes mode: watch this node's pods and the namespaces, capture the pods the enrolment policy selects (filling in their identity from the API), enrol and release running pods as their labels change, annotate captured pods")
+	fs.StringVar(&o.enrolment, "enrolment", defaults.Enrolment, "Kubernetes mode: how the container runtime hands new pods to the daemon: "+strings.Join(defaults.Enrolments(), ", ")+"; cni: the nftredir-cni plugin chained after the pod network's (an exec per pod; fail-closed on every runtime); nri: the daemon registers as a plugin of the runtime's NRI (--nri-socket) and refuses a runtime whose NRI cannot hold pods back while it is away (containerd before 2.2, CRI-O before 1.34); auto: nri where the runtime can hold pods back, cni elsewhere (docs/nri.md)")
+	fs.StringVar(&o.nriSocket, "nri-socket", defaults.NRISocket, "`path` of the container runtime's NRI socket (--enrolment nri or auto)")
+	fs.StringVar(&o.nriGateFile, "nri-gate-file", defaults.NRIGateFile, "`file` written once the daemon is registered with a runtime whose NRI validator holds pods back while it is away, and removed when it refuses the runtime: the CNI install step, reading the same setting, takes the plugin out of the networks while it exists (--enrolment nri or auto)")
 	fs.BoolVar(&o.takeOver, "take-over-foreign-capture", false, "replace another agent's capture found in a pod's namespace (istio-cni's iptables-nft chains or nftables tables, linkerd's PROXY_INIT_* chains) with ours, in the transaction that installs ours; off, such a pod is refused (FailedPrecondition, and a CaptureRefused Event in Kubernetes mode). Legacy iptables rules are refused either way. Default: on in Kubernetes mode, off otherwise")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig `path` for Kubernetes mode; empty uses the in-cluster service account")
 	fs.StringVar(&o.nodeName, "node-name", nodeNameDefault, "this node's `name` in Kubernetes mode (default: $NODE_NAME)")
@@ -401,8 +410,22 @@ func (o *options) check() error {
 		if (o.podName == "") != (o.podNamespace == "") {
 			bad("--pod-name and --pod-namespace go together (POD_NAME and POD_NAMESPACE from the Downward API)")
 		}
-	} else if o.kubeconfig != "" {
-		bad("--kubeconfig is for Kubernetes mode; add --kubernetes")
+	} else {
+		if o.kubeconfig != "" {
+			bad("--kubeconfig is for Kubernetes mode; add --kubernetes")
+		}
+		if o.enrolment != defaults.EnrolmentCNI {
+			bad("--enrolment %s is for Kubernetes mode, whose policy decides which of the runtime's pods are captured; add --kubernetes", o.enrolment)
+		}
+	}
+	if !slices.Contains(defaults.Enrolments(), o.enrolment) {
+		bad("--enrolment %q: use %s", o.enrolment, strings.Join(defaults.Enrolments(), ", "))
+	}
+	if !filepath.IsAbs(o.nriSocket) || filepath.Clean(o.nriSocket) != o.nriSocket {
+		bad("--nri-socket %q must be an absolute, clean path", o.nriSocket)
+	}
+	if !filepath.IsAbs(o.nriGateFile) || filepath.Clean(o.nriGateFile) != o.nriGateFile {
+		bad("--nri-gate-file %q must be an absolute, clean path", o.nriGateFile)
 	}
 	mode, err := defaults.ParseCaptureMode(o.captureMode)
 	if err != nil {

@@ -176,6 +176,9 @@ func TestInvalidFlags(t *testing.T) {
 		{[]string{"--probe-snat", "--probe-source-v4=", "--probe-source-v6="}, nil, "--probe-snat needs a probe source"},
 		{[]string{"--kubelet-uid", "0", "--probe-source-v4=", "--probe-source-v6="}, nil, "--probe-snat needs a probe source"},
 		{nil, map[string]string{"NFTREDIR_HBONE_PORT": "x"}, "NFTREDIR_HBONE_PORT"},
+		{[]string{"--enrolment", "nri"}, nil, "--enrolment nri is for Kubernetes mode"},
+		{[]string{"--kubernetes", "--node-name", "n", "--enrolment", "exec"}, nil, "use cni, nri, auto"},
+		{[]string{"--kubernetes", "--node-name", "n", "--enrolment", "nri", "--nri-socket", "nri.sock"}, nil, "--nri-socket"},
 	}
 	for _, tt := range tests {
 		_, err := parseFlags(tt.args, env(tt.env), io.Discard)
@@ -378,5 +381,19 @@ func TestDNSCaptureDefaultFollowsMode(t *testing.T) {
 	}
 	if defaults.CaptureDNS || !defaults.KubernetesCaptureDNS {
 		t.Error("the defaults moved: standalone off, Kubernetes on, as the README says")
+	}
+}
+
+// The enrolment door is one setting, NFTREDIR_ENROLMENT, which the chart's
+// ConfigMap gives both containers.
+func TestEnrolmentFlag(t *testing.T) {
+	k8s := []string{"--kubernetes", "--node-name", "node-1"}
+	o, err := parseFlags(k8s, env(nil), io.Discard)
+	if err != nil || o.enrolment != defaults.Enrolment || o.nriSocket != defaults.NRISocket {
+		t.Fatalf("defaults: %+v %v", o, err)
+	}
+	o, err = parseFlags(k8s, env(map[string]string{"NFTREDIR_ENROLMENT": "auto", "NFTREDIR_NRI_SOCKET": "/run/nri/nri.sock"}), io.Discard)
+	if err != nil || o.enrolment != defaults.EnrolmentAuto || o.nriSocket != "/run/nri/nri.sock" {
+		t.Fatalf("from the environment: %+v %v", o, err)
 	}
 }

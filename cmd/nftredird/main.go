@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"slices"
 	"syscall"
@@ -20,6 +21,8 @@ import (
 
 	"github.com/nftredir/nftredir/capture"
 	"github.com/nftredir/nftredir/cmd/internal/selftest"
+	"github.com/nftredir/nftredir/internal/defaults"
+	"github.com/nftredir/nftredir/internal/durable"
 	"github.com/nftredir/nftredir/internal/health"
 	"github.com/nftredir/nftredir/internal/peercred"
 	"github.com/nftredir/nftredir/internal/podowner"
@@ -29,6 +32,7 @@ import (
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/netns/pins"
 	"github.com/nftredir/nftredir/nft"
+	"github.com/nftredir/nftredir/nri"
 	"github.com/nftredir/nftredir/probe"
 	"github.com/nftredir/nftredir/server"
 	"github.com/nftredir/nftredir/state"
@@ -192,12 +196,12 @@ func serve(opts *options, root hclog.Logger) (uninstalled bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	defaults := opts.spec
+	spec := opts.spec
 	pcfg := lifecycle.Config{
 		Store:         store,
 		RouteTable:    opts.routing.Table,
 		RulePriority:  opts.routing.Priority,
-		Defaults:      &defaults,
+		Defaults:      &spec,
 		Logger:        root.Named("lifecycle"),
 		TeardownGrace: opts.teardownGrace,
 	}
@@ -254,6 +258,15 @@ func serve(opts *options, root hclog.Logger) (uninstalled bool, err error) {
 		return false, err
 	}
 	cfg.Pods = pods
+	var door *nri.Plugin
+	if kc != nil && opts.enrolment != defaults.EnrolmentCNI {
+		nlog := root.Named("nri")
+		door, err = nri.New(nri.Config{Pods: pods, Socket: opts.nriSocket, Logger: nlog, Delay: nriTestDelay(),
+			OnChange: func(s nri.State) { noteGate(opts.nriGateFile, s, nlog) }})
+		if err != nil {
+			return false, err
+		}
+	}
 	// In Kubernetes mode the pods are brought in line with the API before
 	// SERVING, and before ZDS serves, so a proxy's first snapshot already
 	// follows the policy.
@@ -262,6 +275,9 @@ func serve(opts *options, root hclog.Logger) (uninstalled bool, err error) {
 			if err := kc.agent.Start(ctx, pods); err != nil {
 				return fmt.Errorf("kubernetes: %w", err)
 			}
+		}
+		if door != nil {
+			connectNRI(ctx, door, opts, root)
 		}
 		if zs != nil {
 			if err := zs.start(ctx); err != nil {
@@ -282,7 +298,7 @@ func serve(opts *options, root hclog.Logger) (uninstalled bool, err error) {
 		klog := root.Named("kube")
 		kc.watch = kc.owner.Watch(wctx, opts.podNamespace, opts.podName, func(msg string, kv ...any) { klog.Warn(msg, kv...) })
 	}
-	ready := readiness(opts, srv, kc.agentOrNil())
+	ready := readiness(opts, srv, kc.agentOrNil(), door)
 	var untaint *kube.Untainter
 	if kc != nil && opts.readinessTaint != "" {
 		if untaint, err = kc.untainter(opts, ready, root); err != nil {
@@ -335,6 +351,61 @@ func serve(opts *options, root hclog.Logger) (uninstalled bool, err error) {
 	}
 	// Before the deferred stops: releasing pods tells ztunnel over ZDS.
 	return kc.uninstallIfDeleted(opts, pods, root.Named("uninstall")), nil
+}
+
+// nriFirstWait bounds how long the daemon waits for its first NRI
+// registration before it serves ZDS anyway: the runtime's registration
+// timeout (5s by default) and one Synchronize (2s) fit in it.
+const nriFirstWait = 10 * time.Second
+
+// connectNRI starts the plugin's connection to the runtime, which lasts
+// until ctx ends, and waits for the first one's outcome: the pods the
+// runtime started while the daemon was away are captured by its
+// Synchronize, and ZDS, which serves next, then hands them to the node
+// proxy in its first snapshot. A runtime that is not there, or refused,
+// does not stop the daemon: the plugin keeps trying, and readiness says
+// why it is not registered.
+func connectNRI(ctx context.Context, door *nri.Plugin, opts *options, root hclog.Logger) {
+	log := root.Named("nri")
+	first := make(chan error, 1)
+	go door.Run(ctx, first)
+	select {
+	case err := <-first:
+		if err != nil {
+			if s := door.State(); s.Refused != "" && opts.enrolment == defaults.EnrolmentAuto {
+				log.Info("NRI enrolment not taken on this runtime; the CNI chain stays the gate", "why", s.Refused)
+			} else {
+				log.Warn("not registered with the runtime's NRI; retrying", "socket", opts.nriSocket, "error", err)
+			}
+			return
+		}
+		log.Info("registered with the runtime's NRI", "socket", opts.nriSocket, "gate", door.State().Gate.String())
+	case <-time.After(nriFirstWait):
+		log.Warn("no answer from the runtime's NRI yet; serving, and still trying", "socket", opts.nriSocket, "waited", nriFirstWait)
+	case <-ctx.Done():
+	}
+}
+
+// noteGate keeps the gate file true to the plugin's state for the CNI
+// install step: written once the plugin is registered with a runtime
+// whose validator holds pods back, removed once it refuses the runtime.
+// A connection that merely ends leaves it: the validator holds pods back
+// while the daemon is away, which is the gate.
+func noteGate(path string, s nri.State, log hclog.Logger) {
+	var err error
+	switch {
+	case s.Registered && s.Gate != nil && s.Gate.Validator:
+		if _, serr := os.Stat(path); serr != nil {
+			if err = os.MkdirAll(filepath.Dir(path), 0o755); err == nil {
+				err = durable.WriteFile(path, []byte(s.Gate.String()+"\n"))
+			}
+		}
+	case s.Refused != "":
+		err = durable.Remove(path)
+	}
+	if err != nil {
+		log.Warn("cannot update the NRI gate file; the CNI install step keeps its last door", "file", path, "error", err)
+	}
 }
 
 // kernelSelfTest programs the rulesets this daemon would install into a

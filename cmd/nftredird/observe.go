@@ -11,10 +11,12 @@ import (
 
 	"github.com/nftredir/nftredir/client"
 	"github.com/nftredir/nftredir/cmd/nftredird/internal/metrics"
+	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/internal/health"
 	"github.com/nftredir/nftredir/kube"
 	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/nft"
+	"github.com/nftredir/nftredir/nri"
 	"github.com/nftredir/nftredir/probe"
 	"github.com/nftredir/nftredir/server"
 )
@@ -78,7 +80,7 @@ const httpShutdownTimeout = 2 * time.Second
 // Kubernetes mode no selected pod left uncaptured for want of a proven
 // namespace (agent, nil standalone), and every --ready-file (the CNI
 // install step's, while the plugin is chained).
-func readiness(opts *options, srv *server.Server, agent *kube.Agent) []health.Check {
+func readiness(opts *options, srv *server.Server, agent *kube.Agent, door *nri.Plugin) []health.Check {
 	ready := []health.Check{
 		{Name: "startup reconcile", Check: func(context.Context) error {
 			if !srv.Ready() {
@@ -93,6 +95,11 @@ func readiness(opts *options, srv *server.Server, agent *kube.Agent) []health.Ch
 				return fmt.Errorf("%d pods to capture have no proven network namespace, their traffic is not captured: %s", len(missing), strings.Join(missing, ", "))
 			}
 			return nil
+		}})
+	}
+	if door != nil {
+		ready = append(ready, health.Check{Name: "nri", Check: func(context.Context) error {
+			return nriReady(door.State(), opts.enrolment == defaults.EnrolmentAuto)
 		}})
 	}
 	for _, f := range opts.readyFiles {
@@ -141,4 +148,21 @@ func serveHTTP(opts *options, ready []health.Check, m *metrics.Metrics, root hcl
 		hs.Shutdown(httpShutdownTimeout)
 		self.Close()
 	}, nil
+}
+
+// nriReady is readiness under NRI enrolment: the plugin registered with
+// the runtime, whose validator then lets pods' containers start. With
+// auto the node is ready either way: until the plugin registers with a
+// runtime that holds pods back (the gate file), the install step keeps
+// the CNI chain, the node's gate then, and the ready file says so.
+func nriReady(s nri.State, auto bool) error {
+	switch {
+	case s.Registered || auto:
+		return nil
+	case s.Refused != "":
+		return fmt.Errorf("NRI enrolment refused: %s; use --enrolment cni or auto", s.Refused)
+	case s.Err != "":
+		return fmt.Errorf("not registered with the runtime's NRI: %s", s.Err)
+	}
+	return errors.New("not registered with the runtime's NRI yet")
 }

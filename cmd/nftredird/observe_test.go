@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/nftredir/nftredir/lifecycle"
 	"github.com/nftredir/nftredir/netns"
 	"github.com/nftredir/nftredir/nft"
+	"github.com/nftredir/nftredir/nri"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 	"github.com/nftredir/nftredir/server"
 	"github.com/nftredir/nftredir/state"
@@ -138,7 +140,7 @@ func TestReadyzWaitsForStartupReconcile(t *testing.T) {
 	srv, pods := build(second, applier, secondPods)
 	setSources(met, pods, nil, nil, nil, nil)
 	runServer(t, srv, socket)
-	addr, stopHTTP, err := serveHTTP(opts, readiness(opts, srv, nil), met, log)
+	addr, stopHTTP, err := serveHTTP(opts, readiness(opts, srv, nil, nil), met, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,5 +168,56 @@ func TestReadyzWaitsForStartupReconcile(t *testing.T) {
 	}
 	if _, body := get(t, url+"/metrics"); !strings.Contains(body, `nftredir_reconcile_pods_total{outcome="in_sync"} 1`) || !strings.Contains(body, "nftredir_pods_enrolled 1") {
 		t.Errorf("/metrics after the startup reconcile lacks the in-sync pod:\n%s", body)
+	}
+}
+
+// Readiness under NRI enrolment: registered; with auto, whatever the
+// runtime says (the CNI chain is the gate until the plugin registers).
+func TestNRIReady(t *testing.T) {
+	refused := nri.State{Refused: "containerd v2.1.4 has no NRI validator"}
+	for _, c := range []struct {
+		s    nri.State
+		auto bool
+		want string
+	}{
+		{nri.State{Registered: true}, false, ""},
+		{refused, true, ""},
+		{refused, false, "NRI enrolment refused: containerd v2.1.4"},
+		{nri.State{Err: "dial unix /var/run/nri/nri.sock: connect: no such file or directory"}, true, ""},
+		{nri.State{Err: "dial unix /var/run/nri/nri.sock: connect: no such file or directory"}, false, "not registered with the runtime's NRI: dial"},
+		{nri.State{}, false, "not registered with the runtime's NRI yet"},
+	} {
+		err := nriReady(c.s, c.auto)
+		if (c.want == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), c.want) {
+			t.Errorf("nriReady(%+v, auto %v) = %v; want %q", c.s, c.auto, err, c.want)
+		}
+	}
+}
+
+// The gate file follows the plugin: written once registered with a
+// runtime whose validator holds pods back, kept while the connection is
+// down (the validator is the gate then), removed once the runtime is
+// refused.
+func TestNoteGate(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "run", "nri-gate")
+	log := hclog.NewNullLogger()
+	gated := nri.GateOf("containerd", "v2.4.2", "v0.12.3")
+	exists := func() bool { _, err := os.Stat(path); return err == nil }
+	noteGate(path, nri.State{Gate: &gated}, log)
+	if exists() {
+		t.Fatal("gate file written before the plugin registered")
+	}
+	noteGate(path, nri.State{Registered: true, Gate: &gated}, log)
+	if !exists() {
+		t.Fatal("no gate file once registered")
+	}
+	noteGate(path, nri.State{Gate: &gated, Err: "the runtime closed the connection"}, log)
+	if !exists() {
+		t.Fatal("gate file removed when the connection ended")
+	}
+	old := nri.GateOf("containerd", "v2.1.4", "")
+	noteGate(path, nri.State{Gate: &old, Refused: "containerd v2.1.4 has no NRI validator"}, log)
+	if exists() {
+		t.Fatal("gate file kept after the runtime was refused")
 	}
 }

@@ -139,3 +139,48 @@ const (
 // (cri-dockerd, minikube's docker driver) at /var/run/docker/netns.
 // Kubernetes mode finds running pods' namespaces among these pins.
 func NetnsDirs() []string { return []string{"/var/run/netns", "/var/run/docker/netns"} }
+
+// How the container runtime hands nftredird the pods it starts
+// (--enrolment, the chart's enrolment.via). EnrolmentCNI chains
+// nftredir-cni after the network's plugins: an exec per pod, fail-closed
+// on every runtime. EnrolmentNRI registers nftredird as a plugin of the
+// runtime's Node Resource Interface: no exec, fail-closed only where the
+// runtime's validator requires the plugin. EnrolmentAuto takes NRI where
+// the runtime is one of those, the CNI chain elsewhere.
+const (
+	EnrolmentCNI  = "cni"
+	EnrolmentNRI  = "nri"
+	EnrolmentAuto = "auto"
+	// Enrolment is the CNI chain: it needs nothing of the runtime's
+	// configuration, which NRI's fail-closed gate does.
+	Enrolment = EnrolmentCNI
+)
+
+// Enrolments lists the values of --enrolment, in the order help texts
+// name them.
+func Enrolments() []string { return []string{EnrolmentCNI, EnrolmentNRI, EnrolmentAuto} }
+
+// NRISocket is where containerd and CRI-O accept NRI plugins by default.
+const NRISocket = "/var/run/nri/nri.sock"
+
+// NRIPluginName is the name nftredird registers under with the runtime's
+// NRI, and the one an operator lists in the runtime's required plugins.
+// NRIPluginIndex orders it among other plugins: early, so a plugin that
+// adjusts containers later sees the pod captured; after 00, the
+// runtime's own validator.
+const (
+	NRIPluginName  = "nftredir"
+	NRIPluginIndex = "10"
+)
+
+// NRITolerateAnnotation is the annotation the runtime's validator is
+// configured to accept (tolerate_missing_plugins_annotation) on pods that
+// must start while nftredird is away: its own pod, and the node's static
+// pods. It is the NRI project's documented example key.
+const NRITolerateAnnotation = "tolerate-missing-nri-plugins.noderesource.dev"
+
+// NRIGateFile is where nftredird notes, for the CNI install step, that
+// it is registered with a runtime whose NRI validator holds pods back
+// while it is away: the plugin need not be chained any more. On the
+// host's /run, which both containers of the DaemonSet mount.
+const NRIGateFile = "/run/nftredir/nri-gate"

@@ -45,6 +45,7 @@ hostPaths, seLinuxOptions and resourceQuota.enabled.
 {{- if not (kindIs "invalid" .Values.resourceQuota.enabled) }}{{ $_ := set $p "resourceQuota" .Values.resourceQuota.enabled }}{{ end -}}
 {{- $_ := set $p "runDir" $h.runDir -}}
 {{- $_ := set $p "ztunnelDir" $h.ztunnelDir -}}
+{{- $_ := set $p "nriDir" $h.nriDir -}}
 {{- toYaml $p -}}
 {{- end -}}
 

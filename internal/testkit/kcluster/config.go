@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -29,58 +30,109 @@ func writeKubeconfig(path, server string, caPEM []byte, user string, kp *keyPair
 // containerdConfig is containerd's whole configuration: everything it
 // keeps lives under the cluster's directory, and its CRI plugin uses runc
 // with cgroupfs, the locally imported pause image and the cluster's CNI
-// dirs. See README.md for why each odd setting is there.
+// dirs; its NRI socket, plugin dirs and default validator are the
+// cluster's own. See README.md for why each odd setting is there.
 func (c *Cluster) containerdConfig() string {
 	q := strconv.Quote
-	return fmt.Sprintf(`version = 2
+	return fmt.Sprintf(`version = 3
 root = %s
 state = %s
 oom_score = 0
 disabled_plugins = [
-  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.blockfile",
   "io.containerd.snapshotter.v1.btrfs",
   "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.erofs",
   "io.containerd.snapshotter.v1.zfs",
   "io.containerd.internal.v1.tracing",
   "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.image-verifier.v1.bindir",
 ]
 
 [grpc]
+  address = %s
+
+[ttrpc]
   address = %s
 
 [plugins."io.containerd.internal.v1.opt"]
   path = %s
 
 [plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = %s
-  restrict_oom_score_adj = true
-  disable_apparmor = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "native"
+
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "native"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = %s
+
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  cdi_spec_dirs = []
+  [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         BinaryName = %s
         Root = %s
         SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = %s
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = [%s]
     conf_dir = %s
     max_conf_num = 1
-`,
+
+%s`,
 		q(filepath.Join(c.Dir, "containerd", "root")),
 		q(filepath.Join(c.Dir, "containerd", "state")),
 		q(c.ContainerdSocket),
+		q(c.ContainerdSocket+".ttrpc"),
 		q(filepath.Join(c.Dir, "containerd", "opt")),
 		q(PauseImage),
 		q(filepath.Join(c.tools, "runc")),
 		q(c.runcRoot),
 		q(c.CNIBinDir),
 		q(c.CNIConfDir),
+		c.nriConfig(),
 	)
+}
+
+// nriConfig is containerd's NRI section: off, or its socket at NRISocket,
+// no pre-registered plugins (the dirs it would start them from are the
+// cluster's own and empty), and Options.NRI's timeouts and validator.
+func (c *Cluster) nriConfig() string {
+	const section = `[plugins."io.containerd.nri.v1.nri"]`
+	o := c.opts.NRI
+	if o.Disable {
+		return section + "\n  disable = true\n"
+	}
+	q := strconv.Quote
+	s := fmt.Sprintf(`%s
+  disable = false
+  socket_path = %s
+  plugin_path = %s
+  plugin_config_path = %s
+`, section, q(c.NRISocket), q(filepath.Join(c.Dir, "nri", "plugins")), q(filepath.Join(c.Dir, "nri", "conf.d")))
+	if o.RequestTimeout > 0 {
+		s += fmt.Sprintf("  plugin_request_timeout = %s\n", q(o.RequestTimeout.String()))
+	}
+	if o.RegistrationTimeout > 0 {
+		s += fmt.Sprintf("  plugin_registration_timeout = %s\n", q(o.RegistrationTimeout.String()))
+	}
+	if v := o.Validator; v != nil {
+		required := make([]string, len(v.RequiredPlugins))
+		for i, p := range v.RequiredPlugins {
+			required[i] = q(p)
+		}
+		s += fmt.Sprintf(`  [plugins."io.containerd.nri.v1.nri".default_validator]
+    enable = true
+    required_plugins = [%s]
+    tolerate_missing_plugins_annotation = %s
+`, strings.Join(required, ", "), q(v.TolerateMissingPluginsAnnotation))
+	}
+	return s
 }
 
 // kubeletConfig is the KubeletConfiguration; README.md says why.
@@ -102,6 +154,7 @@ func (c *Cluster) kubeletConfig() ([]byte, error) {
 		"containerRuntimeEndpoint":        "unix://" + c.ContainerdSocket,
 		"cgroupDriver":                    "cgroupfs",
 		"cgroupsPerQOS":                   false,
+		"failCgroupV1":                    false,
 		"enforceNodeAllocatable":          []string{},
 		"failSwapOn":                      false,
 		"makeIPTablesUtilChains":          false,

@@ -52,9 +52,12 @@ func (c *Cluster) buildImage(tag, tool, entrypoint string) error {
 
 // importImage loads a docker-archive or OCI tarball into containerd's
 // k8s.io namespace (the CRI's), unpacked for the snapshotter the CRI uses.
+// --local: ctr's default path, containerd's transfer service, unpacks only
+// for the platforms and snapshotters of its unpack_config, which names
+// overlayfs, not the native snapshotter the cluster uses.
 func (c *Cluster) importImage(ctx context.Context, tarball string) error {
 	cmd := exec.CommandContext(ctx, c.bin("ctr"), "--address", c.ContainerdSocket, "--namespace", "k8s.io",
-		"images", "import", "--snapshotter", "native", tarball)
+		"images", "import", "--local", "--snapshotter", "native", tarball)
 	return runOut(cmd)
 }
 

@@ -37,7 +37,7 @@ import (
 
 // KubeVersion is the Kubernetes release the cluster runs; hack/k8s-tools.sh
 // builds the same (a test checks they agree).
-const KubeVersion = "v1.31.4"
+const KubeVersion = "v1.34.4"
 
 // Images the cluster imports itself, built from this repository.
 const (
@@ -46,8 +46,10 @@ const (
 )
 
 // CNIVersion is the version the cluster's conflist declares unless
-// Options.ConflistVersion says otherwise: the newest that containerd 1.6
-// (libcni 1.1) accepts.
+// Options.ConflistVersion says otherwise. containerd 2.x (libcni 1.3)
+// would accept 1.1.0 too; 1.0.0 is the newest that every runtime
+// nftredir-cni runs under loads (containerd 1.6's libcni 1.1 refuses
+// 1.1.0), so what passes here holds there.
 const CNIVersion = "1.0.0"
 
 // BridgeName is the bridge the CNI bridge plugin makes in the node namespace.
@@ -87,6 +89,42 @@ type Options struct {
 	// for a caller that times the CNI chain apart from the rest of
 	// RunPodSandbox. Default: info.
 	ContainerdDebug bool
+	// NRI shapes containerd's Node Resource Interface. Default: on, at
+	// Cluster.NRISocket, containerd's own timeouts, no validator, and no
+	// plugin until one connects, so pods start as without NRI.
+	NRI NRIOptions
+}
+
+// NRIOptions shape containerd's NRI. A zero field keeps containerd's own
+// default.
+type NRIOptions struct {
+	// Disable turns NRI off: no socket, no events, no validator.
+	Disable bool
+	// RequestTimeout is how long containerd waits for a plugin to handle
+	// one event (plugin_request_timeout; containerd's default 2 s). A
+	// plugin that takes longer is disconnected and the event goes on.
+	RequestTimeout time.Duration
+	// RegistrationTimeout is how long a connecting plugin has to register
+	// and answer its Synchronize (plugin_registration_timeout; containerd's
+	// default 5 s).
+	RegistrationTimeout time.Duration
+	// Validator turns containerd's default validator on. nil: off.
+	Validator *NRIValidator
+}
+
+// NRIValidator configures containerd's default NRI validator, which runs
+// at every CreateContainer.
+type NRIValidator struct {
+	// RequiredPlugins are plugin names (without their index) that must be
+	// connected for any container to be created (required_plugins): with
+	// one missing, CreateContainer fails while the pod's sandbox stays,
+	// and the kubelet retries. A pod can require more with the
+	// "required-plugins.noderesource.dev/pod" annotation.
+	RequiredPlugins []string
+	// TolerateMissingPluginsAnnotation names an annotation
+	// (tolerate_missing_plugins_annotation) with which a pod ("true")
+	// starts although a required plugin is missing. "": none.
+	TolerateMissingPluginsAnnotation string
 }
 
 // Cluster is a running single-node cluster. Its exported fields are fixed
@@ -125,6 +163,10 @@ type Cluster struct {
 	CNIBinDir, CNIConfDir string
 	// ContainerdSocket is the private containerd's API socket.
 	ContainerdSocket string
+	// NRISocket is where containerd listens for NRI plugins (a short path:
+	// unix socket paths stay under 108 bytes). It exists while containerd
+	// runs, unless Options.NRI.Disable.
+	NRISocket string
 	// RESTConfig and Client talk to the apiserver as admin, through a
 	// dialer inside the node namespace.
 	RESTConfig *rest.Config
@@ -259,8 +301,10 @@ func (c *Cluster) start(ctx context.Context) error {
 	c.CNIBinDir = filepath.Join(c.Dir, "cni-bin")
 	c.CNIConfDir = filepath.Join(c.Dir, "cni-conf")
 	c.ContainerdSocket = filepath.Join(c.Dir, "containerd", "containerd.sock")
+	c.NRISocket = filepath.Join(c.Dir, "nri", "nri.sock")
 	c.runcRoot = filepath.Join(c.Dir, "runc")
-	for _, d := range []string{c.CNIBinDir, c.CNIConfDir, filepath.Join(c.Dir, "logs"), filepath.Join(c.Dir, "containerd"), c.runcRoot, filepath.Join(c.Dir, "kubelet")} {
+	for _, d := range []string{c.CNIBinDir, c.CNIConfDir, filepath.Join(c.Dir, "logs"), filepath.Join(c.Dir, "containerd"), c.runcRoot, filepath.Join(c.Dir, "kubelet"),
+		filepath.Join(c.Dir, "nri", "plugins"), filepath.Join(c.Dir, "nri", "conf.d")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
 		}
@@ -567,8 +611,6 @@ func (c *Cluster) startKubelet() error {
 		"--root-dir=" + filepath.Join(c.Dir, "kubelet"),
 		"--hostname-override=" + c.NodeName,
 		"--node-ip=" + c.NodeIP.String(),
-		// Keeps the sandbox image out of image garbage collection.
-		"--pod-infra-container-image=" + PauseImage,
 		"--v=2",
 	}
 	if len(c.opts.RegisterWithTaints) > 0 {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -85,3 +86,25 @@ func (c *Cluster) StartNode(t testing.TB) {
 // sandboxPins is the network namespace pin of every sandbox the runtime
 // knows.
 func (c *Cluster) sandboxPins() []string { return c.walkSandboxes(nil) }
+
+// RestartContainerd restarts the node's containerd alone, as a service
+// manager does on an upgrade or a config change: SIGTERM, then a new
+// containerd on the same root and state. Shims and containers keep
+// running and the new containerd takes them back; the kubelet stays up
+// and reconnects. NRI plugins lose their connection and must connect
+// again: containerd forgets them, and with its validator on, a required
+// plugin counts as missing until it is back.
+func (c *Cluster) RestartContainerd(t testing.TB) {
+	t.Helper()
+	if err := c.procs["containerd"].stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), DefaultTimeout)
+	defer cancel()
+	if err := c.startContainerd(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.waitContainerd(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -49,6 +50,10 @@ var daemonEnv = map[string]string{
 	"dataplane-mode-label":    "NFTREDIR_DATAPLANE_MODE_LABEL",
 	"dataplane-mode-enabled":  "NFTREDIR_DATAPLANE_MODE_ENABLED",
 	"dataplane-mode-disabled": "NFTREDIR_DATAPLANE_MODE_DISABLED",
+	// How the runtime hands pods over is the daemon's setting too: with
+	// NRI the plugin is chained only until the daemon has a gate.
+	"enrolment":     "NFTREDIR_ENROLMENT",
+	"nri-gate-file": "NFTREDIR_NRI_GATE_FILE",
 }
 
 const usage = `nftredir-cni install [flags]: put the plugin on this node and keep it there.
@@ -112,6 +117,9 @@ type options struct {
 	check         bool
 	resync        time.Duration
 	verbosity     string
+
+	enrolment   string
+	nriGateFile string
 
 	kubernetes     bool
 	modeLabel      string
@@ -268,6 +276,8 @@ func parse(command string, args []string, lookupEnv func(string) (string, bool),
 	fs.StringVar(&o.podNamespace, "pod-namespace", podNamespace, "this installer's pod `namespace` (default: $POD_NAMESPACE)")
 	fs.DurationVar(&o.resync, "resync-interval", time.Minute, "check the installation this often even without a file event")
 	fs.StringVar(&o.verbosity, "verbosity", "info", "this command's own log `level`")
+	fs.StringVar(&o.enrolment, "enrolment", defaults.Enrolment, "nftredird's --enrolment, read from the same variable: "+strings.Join(defaults.Enrolments(), ", ")+"; with nri or auto the plugin is chained only until --nri-gate-file exists, then taken out of every network (docs/nri.md)")
+	fs.StringVar(&o.nriGateFile, "nri-gate-file", defaults.NRIGateFile, "nftredird's --nri-gate-file: the `file` the daemon writes once the runtime's NRI validator holds pods back for it")
 	fs.BoolVar(&o.kubernetes, "kubernetes", false, "Kubernetes mode, as nftredird's --kubernetes: write a kubeconfig for the plugin and the entry key kubernetes, so that when the daemon cannot answer, a pod the enrolment policy would not capture starts without it (docs/blast-radius.md)")
 	fs.StringVar(&o.modeLabel, "dataplane-mode-label", enrolment.DefaultModeLabel, "entry key kubernetes.modeLabel: nftredird's --dataplane-mode-label, read from the same variable")
 	fs.StringVar(&o.modeEnabled, "dataplane-mode-enabled", enrolment.DefaultModeEnabled, "entry key kubernetes.modeEnabled: nftredird's --dataplane-mode-enabled")
@@ -324,6 +334,9 @@ func parse(command string, args []string, lookupEnv func(string) (string, bool),
 	if (o.podName == "") != (o.podNamespace == "") {
 		errs = append(errs, errors.New("--pod-name and --pod-namespace go together (POD_NAME and POD_NAMESPACE from the Downward API)"))
 	}
+	if !slices.Contains(defaults.Enrolments(), o.enrolment) {
+		errs = append(errs, fmt.Errorf("--enrolment %q: use %s", o.enrolment, strings.Join(defaults.Enrolments(), ", ")))
+	}
 	if o.once && o.check {
 		errs = append(errs, errors.New("--once and --check exclude each other"))
 	}
@@ -358,6 +371,9 @@ func parse(command string, args []string, lookupEnv func(string) (string, bool),
 		return nil, Config{}, err
 	}
 	cfg := Config{BinDirs: o.binDirs.items, ConfDir: o.confDir, ConfName: o.confName, Entry: entry, Source: o.pluginBinary, ReadyFile: o.readyFile, BackupDir: o.backupDir, Kubeconfig: kube}
+	if o.enrolment != defaults.EnrolmentCNI {
+		cfg.NRIGateFile = o.nriGateFile
+	}
 	if err := cfg.check(); err != nil {
 		return nil, Config{}, err
 	}

@@ -67,7 +67,15 @@ type Config struct {
 	// Kubeconfig, in Kubernetes mode, is the kubeconfig the plugin reads
 	// pods with when the daemon cannot answer; nil in standalone mode.
 	Kubeconfig *Kubeconfig
-	Logger     hclog.Logger
+	// NRIGateFile, when set (NRI enrolment, docs/nri.md), is the file
+	// nftredird writes once it has registered with a runtime whose NRI
+	// validator holds pods back while it is away. While it exists the
+	// plugin is taken out of every network instead of chained: the runtime
+	// hands pods to the daemon itself, and no pod pays an exec. Until then
+	// the plugin stays chained, so a node switching doors never has
+	// neither.
+	NRIGateFile string
+	Logger      hclog.Logger
 }
 
 func (c *Config) check() error {
@@ -88,6 +96,9 @@ func (c *Config) check() error {
 	}
 	if c.ReadyFile != "" && !filepath.IsAbs(c.ReadyFile) {
 		errs = append(errs, fmt.Errorf("ready file %q is not an absolute path", c.ReadyFile))
+	}
+	if c.NRIGateFile != "" && !filepath.IsAbs(c.NRIGateFile) {
+		errs = append(errs, fmt.Errorf("NRI gate file %q is not an absolute path", c.NRIGateFile))
 	}
 	if c.Kubeconfig != nil {
 		if err := c.Kubeconfig.check(); err != nil {
@@ -160,7 +171,11 @@ func (in *Installer) Sync() error {
 	// plugin then only cannot decide without the daemon, and waits.
 	kerr := in.syncKubeconfig()
 	err := in.syncBinaries()
-	if err == nil {
+	switch {
+	case err != nil:
+	case in.cfg.nriGated():
+		err = in.unchainAll("the runtime's NRI hands pods to nftredird")
+	default:
 		err = in.syncConf()
 	}
 	err = errors.Join(err, kerr)
@@ -406,6 +421,16 @@ func (in *Installer) unchainDelegated(primary string) error {
 	return errors.Join(errs...)
 }
 
+// nriGated reports whether the node's gate is the runtime's NRI
+// validator (NRIGateFile exists), so the plugin must not be chained.
+func (c *Config) nriGated() bool {
+	if c.NRIGateFile == "" {
+		return false
+	}
+	_, err := os.Stat(c.NRIGateFile)
+	return err == nil
+}
+
 // Uninstall removes the plugin's entry from every network in the
 // configuration directory, then the binaries from every bin dir: a network
 // still naming a deleted binary would fail each ADD. Missing pieces are
@@ -414,6 +439,43 @@ func (in *Installer) Uninstall() error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	in.setReady(false)
+	var errs []error
+	if err := in.unchainAll("uninstall"); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 && in.cfg.BackupDir != "" {
+		if err := os.RemoveAll(in.cfg.BackupDir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// The binaries go only once no network names the plugin.
+	if len(errs) == 0 {
+		if k := in.cfg.Kubeconfig; k != nil {
+			if err := durable.Remove(k.Path); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		for _, d := range in.cfg.BinDirs {
+			for _, b := range in.cfg.binaries() {
+				p := filepath.Join(d, b.name)
+				if _, err := os.Lstat(p); errors.Is(err, fs.ErrNotExist) {
+					continue
+				}
+				if err := durable.Remove(p); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				in.log.Info("binary removed", "path", p)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// unchainAll removes the plugin's entry from every network in the
+// configuration directory, putting back the primary CNI's own bytes where
+// nothing else changed; why is logged with each file.
+func (in *Installer) unchainAll(why string) error {
 	var errs []error
 	files, err := confFiles(in.cfg.ConfDir)
 	if err != nil {
@@ -441,33 +503,7 @@ func (in *Installer) Uninstall() error {
 			errs = append(errs, err)
 			continue
 		}
-		in.log.Info("plugin removed from the network", "file", f)
-	}
-	if len(errs) == 0 && in.cfg.BackupDir != "" {
-		if err := os.RemoveAll(in.cfg.BackupDir); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	// The binaries go only once no network names the plugin.
-	if len(errs) == 0 {
-		if k := in.cfg.Kubeconfig; k != nil {
-			if err := durable.Remove(k.Path); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		for _, d := range in.cfg.BinDirs {
-			for _, b := range in.cfg.binaries() {
-				p := filepath.Join(d, b.name)
-				if _, err := os.Lstat(p); errors.Is(err, fs.ErrNotExist) {
-					continue
-				}
-				if err := durable.Remove(p); err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				in.log.Info("binary removed", "path", p)
-			}
-		}
+		in.log.Info("plugin removed from the network", "file", f, "why", why)
 	}
 	return errors.Join(errs...)
 }
@@ -525,6 +561,9 @@ func Check(cfg Config) error {
 			return fmt.Errorf("plugin kubeconfig: %w", err)
 		}
 	}
+	if cfg.nriGated() {
+		return checkUnchained(cfg.ConfDir)
+	}
 	path, c, _, err := primaryConf(cfg.ConfDir, cfg.ConfName, cfg.Supported)
 	if err != nil {
 		return err
@@ -547,6 +586,25 @@ func Check(cfg Config) error {
 		}
 		if len(twice) > 0 {
 			return fmt.Errorf("%s is Multus and chains %s, which %s chain(s) too: it would run twice for each pod", path, PluginType, strings.Join(twice, ", "))
+		}
+	}
+	return nil
+}
+
+// checkUnchained reports a network of dir that still chains the plugin,
+// which the runtime's NRI made redundant.
+func checkUnchained(dir string) error {
+	files, err := confFiles(dir)
+	if err != nil {
+		return err
+	}
+	for _, f := range files {
+		c, err := readConf(f)
+		if err != nil {
+			continue
+		}
+		if _, chained := c.withoutEntry(); chained {
+			return fmt.Errorf("%s still chains %s although the runtime's NRI hands pods to nftredird", f, PluginType)
 		}
 	}
 	return nil

@@ -613,3 +613,58 @@ func TestUninstallRestoresTheOriginalBytes(t *testing.T) {
 		}
 	}
 }
+
+// With NRI enrolment the plugin stays chained until the daemon has
+// registered with a runtime whose validator holds pods back (the gate
+// file), then leaves every network with the primary's own bytes back,
+// and is chained again if the gate goes: the node always has one door.
+func TestNRIGateUnchains(t *testing.T) {
+	orig := "{ \"name\": \"mynet\", \"cniVersion\": \"1.0.0\", \"plugins\": [ {\"type\": \"bridge\"} ] }\n"
+	n := newNode(t)
+	p := filepath.Join(n.conf, "10-mynet.conflist")
+	if err := os.WriteFile(p, []byte(orig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := n.config()
+	cfg.BackupDir = filepath.Join(n.conf, "..", "backup")
+	cfg.NRIGateFile = filepath.Join(n.conf, "..", "run", "nri-gate")
+	in, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(types(readList(t, p)), ","); got != "bridge,nftredir-cni" || !in.Ready() {
+		t.Fatalf("no gate yet: chain %s, ready %v; want the plugin chained", got, in.Ready())
+	}
+	if err := os.MkdirAll(filepath.Dir(cfg.NRIGateFile), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfg.NRIGateFile, []byte("containerd v2.4.2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(p); string(got) != orig || !in.Ready() {
+		t.Fatalf("gate in place: network %q, ready %v; want the primary's own bytes back, ready", got, in.Ready())
+	}
+	if err := Check(cfg); err != nil {
+		t.Errorf("Check with the gate in place and the plugin unchained: %v", err)
+	}
+	for _, d := range []string{n.bin1, n.bin2} {
+		if _, err := os.Stat(filepath.Join(d, PluginType)); err != nil {
+			t.Errorf("binary gone from %s: %v; a switch back to the CNI chain needs it", d, err)
+		}
+	}
+	if err := os.Remove(cfg.NRIGateFile); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(types(readList(t, p)), ","); got != "bridge,nftredir-cni" {
+		t.Errorf("gate gone: chain %s; want the plugin chained again", got)
+	}
+}

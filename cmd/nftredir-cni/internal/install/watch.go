@@ -39,6 +39,14 @@ func (in *Installer) Run(ctx context.Context, resync time.Duration) error {
 		return fmt.Errorf("watch %s: %w", in.cfg.ConfDir, err)
 	}
 	dirs, _ := existingBinDirs(in.cfg.BinDirs)
+	if g := in.cfg.NRIGateFile; g != "" {
+		// The daemon writes it in a directory it creates, shared with
+		// this container.
+		if err := os.MkdirAll(filepath.Dir(g), 0o755); err != nil {
+			return err
+		}
+		dirs = append(dirs, filepath.Dir(g))
+	}
 	for _, d := range dirs {
 		if err := w.Add(d); err != nil {
 			return fmt.Errorf("watch %s: %w", d, err)
@@ -98,6 +106,9 @@ func (in *Installer) relevant(ev fsnotify.Event) bool {
 	dir = filepath.Clean(dir)
 	if dir == filepath.Clean(in.cfg.ConfDir) {
 		return slices.Contains(confExtensions, filepath.Ext(name))
+	}
+	if in.cfg.NRIGateFile != "" && filepath.Clean(ev.Name) == filepath.Clean(in.cfg.NRIGateFile) {
+		return true
 	}
 	return name == PluginType
 }
