@@ -335,9 +335,15 @@ func (s *storm) killNow(t *testing.T) {
 	s.mu.Lock()
 	s.killPhases[phase]++
 	s.mu.Unlock()
+	// Mostly back at once or within a second and a half; sometimes down
+	// for seconds, as a crash loop's backoff keeps it, while pods come
+	// and go.
 	var down time.Duration
-	if s.rng.IntN(2) == 0 {
+	switch r := s.rng.Float64(); {
+	case r < 0.35:
 		down = time.Duration(s.rng.Int64N(int64(1500 * time.Millisecond)))
+	case r < 0.5:
+		down = 1500*time.Millisecond + time.Duration(s.rng.Int64N(int64(3500*time.Millisecond)))
 	}
 	t.Logf("kill %d: SIGKILL %s after the daemon's start (%s), down for %s", s.kills, time.Since(l.at).Round(time.Millisecond), phase, down.Round(time.Millisecond))
 	time.Sleep(down)
@@ -613,18 +619,21 @@ func (s *storm) daemonWork(t *testing.T) []string {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		var l struct {
-			Level   string `json:"@level"`
-			Message string `json:"@message"`
-		}
+		var l map[string]any
 		if json.Unmarshal(sc.Bytes(), &l) != nil {
 			continue
 		}
+		level, _ := l["@level"].(string)
+		msg, _ := l["@message"].(string)
 		switch {
-		case l.Level == "warn" || l.Level == "error":
-			counts[l.Level+": "+l.Message]++
-		case slices.Contains(recoveryMessages, l.Message):
-			counts[l.Message]++
+		case level == "warn" || level == "error":
+			// A call's own line says which call ended how.
+			if method, ok := l["grpc.method"].(string); ok {
+				msg = fmt.Sprintf("%s (%s %v)", msg, method, l["grpc.code"])
+			}
+			counts[level+": "+msg]++
+		case slices.Contains(recoveryMessages, msg):
+			counts[msg]++
 		}
 	}
 	if err := sc.Err(); err != nil {
