@@ -310,10 +310,11 @@ func (s *storm) relaunch(t *testing.T) {
 }
 
 // killNow SIGKILLs the daemon, noting which phase the kill hit: its
-// startup (not yet SERVING), a burst of operations, or a node at rest;
+// startup (not yet SERVING), a burst of operations (burst names which
+// moment of it), or a node at rest;
 // and starts it again, at once or after a while, as an init system or
 // the kubelet would after a crash.
-func (s *storm) killNow(t *testing.T) {
+func (s *storm) killNow(t *testing.T, burst string) {
 	l := s.launched
 	select {
 	case <-l.exited:
@@ -325,7 +326,7 @@ func (s *storm) killNow(t *testing.T) {
 	case !l.serving():
 		phase = "startup"
 	case s.ops != nil:
-		phase = "burst"
+		phase = burst
 	}
 	s.m.daemon.kill(t)
 	s.kills++
@@ -359,15 +360,28 @@ func (s *storm) killDuringStartup(t *testing.T) {
 	}
 	wait := time.Duration(s.rng.Float64() * float64(typical))
 	time.Sleep(time.Until(s.launched.at.Add(wait)))
-	s.killNow(t)
+	s.killNow(t, "burst")
 }
 
 // killDuringBurst starts operations, kills the daemon among them, and
 // lets them go on for a while across its restart.
 func (s *storm) killDuringBurst(t *testing.T) {
 	s.startBurst(t)
-	time.Sleep(time.Duration(s.rng.Int64N(int64(3 * time.Second))))
-	s.killNow(t)
+	if s.rng.IntN(2) == 0 {
+		time.Sleep(time.Duration(s.rng.Int64N(int64(3 * time.Second))))
+		s.killNow(t, "burst")
+	} else {
+		// Just after a namespace or pod label changed, when the agent is
+		// enrolling or releasing the pods it affects: a random moment of
+		// the burst seldom falls inside that work, which takes
+		// milliseconds.
+		select {
+		case <-s.ops.relabelled:
+		case <-time.After(3 * time.Second):
+		}
+		time.Sleep(time.Duration(s.rng.Int64N(int64(100 * time.Millisecond))))
+		s.killNow(t, "burst, after a relabel")
+	}
 	s.ops.until(time.Now().Add(time.Duration(s.rng.Int64N(int64(2 * time.Second)))))
 }
 
@@ -379,7 +393,7 @@ func (s *storm) killAtRest(t *testing.T) {
 		s.count("proxy reconnect", nil)
 	}
 	time.Sleep(time.Duration(s.rng.Int64N(int64(2 * time.Second))))
-	s.killNow(t)
+	s.killNow(t, "burst")
 }
 
 func (s *storm) count(kind string, err error) {
@@ -404,11 +418,25 @@ func (s *storm) violate(pod, what string) {
 
 // stormBurst is a burst of operations run by two workers until its end.
 type stormBurst struct {
-	mu  sync.Mutex
-	end time.Time
+	mu sync.Mutex
 	// protects end
+	end time.Time
+
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	// relabelled is signalled after a label change.
+	relabelled chan struct{}
+}
+
+// relabel signals a label change that went through.
+func (b *stormBurst) relabel(err error) {
+	if err != nil {
+		return
+	}
+	select {
+	case b.relabelled <- struct{}{}:
+	default:
+	}
 }
 
 func (b *stormBurst) until(end time.Time) {
@@ -425,7 +453,7 @@ func (b *stormBurst) over() bool {
 
 func (s *storm) startBurst(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	b := &stormBurst{cancel: cancel}
+	b := &stormBurst{cancel: cancel, relabelled: make(chan struct{}, 1)}
 	s.ops = b
 	for w := range 2 {
 		rng := rand.New(rand.NewPCG(s.seed, uint64(s.kills+1)<<8|uint64(w+1)))
@@ -433,7 +461,7 @@ func (s *storm) startBurst(t *testing.T) {
 		go func() {
 			defer b.wg.Done()
 			for ctx.Err() == nil && !b.over() {
-				s.operate(ctx, rng)
+				s.operate(ctx, rng, b)
 				time.Sleep(time.Duration(30+rng.IntN(220)) * time.Millisecond)
 			}
 		}()
@@ -463,7 +491,7 @@ func (s *storm) stopBurst() {
 
 // operate does one random operation: a pod created or deleted, a pod's or
 // a namespace's mesh label changed, or the proxy hanging up.
-func (s *storm) operate(ctx context.Context, rng *rand.Rand) {
+func (s *storm) operate(ctx context.Context, rng *rand.Rand, b *stormBurst) {
 	core := s.m.Client.CoreV1()
 	list, err := core.Pods("").List(ctx, metav1.ListOptions{LabelSelector: stormRoleLabel + "=chaos"})
 	if err != nil {
@@ -503,9 +531,12 @@ func (s *storm) operate(ctx context.Context, rng *rand.Rand) {
 			err = s.patchLabel(ctx, "", name, value)
 		}
 		s.count(kind, err)
+		b.relabel(err)
 	case "pod label":
 		values := slices.DeleteFunc([]string{"", "none", meshEnabled}, func(v string) bool { return v == pick.Labels[meshLabel] })
-		s.count(kind, s.patchLabel(ctx, pick.Namespace, pick.Name, values[rng.IntN(len(values))]))
+		err := s.patchLabel(ctx, pick.Namespace, pick.Name, values[rng.IntN(len(values))])
+		s.count(kind, err)
+		b.relabel(err)
 	case "pod create":
 		ns := stormChaosNamespaces[rng.IntN(len(stormChaosNamespaces))]
 		mode := []string{"", "", "", "none", meshEnabled}[rng.IntN(5)]
@@ -551,7 +582,7 @@ func (s *storm) report(t *testing.T, kills int) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "crash storm report (seed %d)\n", s.seed)
 	fmt.Fprintf(&b, "kill points: %d (", kills)
-	for i, phase := range []string{"startup", "burst", "at rest"} {
+	for i, phase := range []string{"startup", "burst", "burst, after a relabel", "at rest"} {
 		if i > 0 {
 			b.WriteString(", ")
 		}
