@@ -16,7 +16,7 @@ export GOFLAGS := $(strip -trimpath $(filter-out -trimpath,$(GOFLAGS)))
 
 PKGS := ./...
 
-.PHONY: all build image test unit race lint lint-go staticcheck demo bench deps deps-k8s deps-helm deps-istio e2e-k8s e2e-istio clean fuzz
+.PHONY: all build image test unit race lint lint-go staticcheck demo bench deps deps-k8s deps-helm deps-istio e2e-k8s e2e-istio crash-storm clean fuzz
 
 all: build
 
@@ -134,6 +134,19 @@ fuzz:
 # The Kubernetes cluster suite alone (e2e's TestK8s*, see internal/testkit/kcluster).
 e2e-k8s: deps-k8s
 	$(GO) test -count=1 -timeout 15m -run '^TestK8s' -v ./e2e/
+
+# The crash storm, long (e2e's TestK8sCrashStorm, whose short run of 12
+# kill points is part of the cluster suite): nftredird in Kubernetes mode
+# SIGKILLed at CRASH_STORM_KILLS random points while namespaces and pods
+# are relabelled, created and deleted and the node proxy reconnects; each
+# restart is checked once it settles, and a report ends the run.
+# CRASH_STORM_SEED replays a run's choices (the seed is in its output).
+CRASH_STORM_KILLS ?= 200
+CRASH_STORM_SEED ?=
+CRASH_STORM_TIMEOUT ?= 120m
+crash-storm: deps-k8s
+	CRASH_STORM_KILLS=$(CRASH_STORM_KILLS) CRASH_STORM_SEED=$(CRASH_STORM_SEED) \
+		$(GO) test -count=1 -timeout $(CRASH_STORM_TIMEOUT) -run '^TestK8sCrashStorm$$' -v ./e2e/
 
 # The Istio suite alone (e2e's TestIstio*, see internal/testkit/istiotest): stock
 # istiod and ztunnel on nftredir in the test cluster. Skips without

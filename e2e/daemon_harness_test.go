@@ -101,6 +101,14 @@ func startDaemon(t *testing.T, o daemonOpts) *nftredird {
 // start runs the daemon on the existing state and waits for SERVING.
 func (d *nftredird) start(t *testing.T) {
 	t.Helper()
+	d.launch(t)
+	d.waitServing(t)
+}
+
+// launch runs the daemon on the existing state and returns at once, for a
+// test that watches (or interrupts) its startup itself.
+func (d *nftredird) launch(t *testing.T) {
+	t.Helper()
 	if d.cmd != nil {
 		t.Fatalf("nftredird already running (pid %d)", d.cmd.Process.Pid)
 	}
@@ -144,7 +152,6 @@ func (d *nftredird) start(t *testing.T) {
 	d.cmd = cmd
 	d.exited = make(chan struct{})
 	go func(done chan struct{}) { cmd.Wait(); close(done) }(d.exited)
-	d.waitServing(t)
 }
 
 // waitServing polls grpc.health.v1 until both the server and the
