@@ -1,11 +1,9 @@
 package nri_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nftredir/nftredir/internal/calltrace"
+	"github.com/nftredir/nftredir/internal/testkit/syncbuf"
 	"github.com/nftredir/nftredir/nri"
 )
 
@@ -286,7 +285,7 @@ func TestReconnectsAfterRuntimeRestart(t *testing.T) {
 func TestRunPodSandboxLogsPhases(t *testing.T) {
 	d := startDaemon(t, apiPod("mesh", "web", nil), apiPod("plain", "db", nil))
 	rt := startRuntime(t, "containerd", "v2.4.2", "")
-	var out syncBuffer
+	var out syncbuf.Buffer
 	if err := d.connect(t, rt, func(c *nri.Config) {
 		c.Logger = hclog.New(&hclog.LoggerOptions{Name: "nri", Level: hclog.Info, Output: &out, JSONFormat: true})
 	}); err != nil {
@@ -340,23 +339,4 @@ func TestRunPodSandboxLogsPhases(t *testing.T) {
 			t.Errorf("%s: phases add up to %.3f ms, more than the handler's %.3f ms", c.pod, sum, total)
 		}
 	}
-}
-
-// syncBuffer is a buffer the plugin's goroutines may write to while the
-// test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
