@@ -598,7 +598,7 @@ func (r *report) sections() ([]table, []string) {
 	names = append(names, "The baselines' commands", "Where AddPod's time goes", "CNI ADD as the runtime sees it", "Reconcile at scale",
 		"Memory and file descriptors", "Data path")
 	ps := r.podStartTables()
-	return append(ts, ps...), append(names, []string{"Pod start as the kubelet sees it", "AddPod in Kubernetes mode"}[:len(ps)]...)
+	return append(ts, ps...), append(names, []string{"Pod start as the kubelet sees it", kubeAddSection}[:len(ps)]...)
 }
 
 func (r *report) text() string {
@@ -665,7 +665,7 @@ func (r *report) markdown(out, svgPath string) string {
 		if sections[i] == "Targets" {
 			w("%s\n", r.targetNotes())
 		}
-		if sections[i] == "AddPod in Kubernetes mode" {
+		if sections[i] == kubeAddSection {
 			w("%s\n", r.podStartNotes())
 		}
 	}
@@ -698,7 +698,7 @@ func (r *report) markdown(out, svgPath string) string {
 	w("- **Memory and fds**: VmRSS and RssAnon from /proc/PID/status and the entries of /proc/PID/fd, one second after the daemon was last busy; the leak check compares RssAnon.\n")
 	w("- **Data path**: see the note under its table.\n")
 	if r.res.podStart != nil {
-		w("- **Pod start**: see the notes under its tables. The cluster is started once, after the apply, CNI and data path sections and before the reconcile and leak sections (which stop the main daemon); in each of its rounds, while the cluster runs, two standalone daemons are timed with sequential AddPods, each after a pause: the main one (default spec) and one started with the Kubernetes-mode daemon's spec (DNS capture, no node probe set), the base of the Kubernetes-mode ratio.\n")
+		w("- **Pod start**: see the notes under its tables. The cluster is started once, after the apply, CNI and data path sections and before the reconcile and leak sections (which stop the main daemon); in each of its rounds, after the pods and while the cluster runs, two standalone daemons are timed with sequential AddPods, each after a pause: the main one (default spec) and one started with the Kubernetes-mode daemon's spec (DNS capture, no node probe set), the base of the Kubernetes-mode ratio.\n")
 	}
 	w("- Statistics: p50/p99 are nearest-rank percentiles over the pods of one sample; every table shows the median over repetitions and the range [min–max]. " +
 		"Ratios are computed within each repetition, then summarised.\n\n")
@@ -734,6 +734,10 @@ func (r *report) markdown(out, svgPath string) string {
 	w("## Every sample\n\n<details><summary>%d samples</summary>\n\n%s\n</details>\n", len(raw.rows), raw.markdown())
 	return sb.String()
 }
+
+// kubeAddSection is the section of the daemon's handler in a pod start,
+// whose notes explain the pod start targets.
+const kubeAddSection = "The daemon's part of a pod start"
 
 // concText lists concurrency levels as prose: "1, 4, 8 or 16".
 func concText(cs []int) string {
@@ -796,8 +800,8 @@ func (r *report) targetNotes() string {
 			notes = append(notes, r.rateNote())
 		case goalKernel:
 			notes = append(notes, r.kernelNote())
-		case goalPSCaptured, goalPSOut, goalKubeAdd:
-			notes = append(notes, fmt.Sprintf("- *%s*: see the notes under \"AddPod in Kubernetes mode\" below.", t.goal))
+		case goalNRIOut, goalNRIOutHandler, goalNRICaptured, goalCNICaptured, goalKubeAdd:
+			notes = append(notes, fmt.Sprintf("- *%s*: see the notes under \"%s\" below.", t.goal, kubeAddSection))
 		case goalE2E:
 			notes = append(notes, fmt.Sprintf("- *%s*: of it, the nft batch takes %.2f ms, the node probe set %.2f ms, policy routing %.2f ms and a gRPC round trip %.2f ms (p50s, timed one by one).",
 				t.goal, r.phaseP50(phApply), r.phaseP50(phProbe), r.phaseP50(phRouting), r.phaseP50(phRPC)))
