@@ -149,7 +149,7 @@ func (h *Handle) withRoute(fn func(nh *netlink.Handle) error) error {
 
 // Netfilter runs fn with the handle's nftables connections, one caller
 // at a time: c (lasting) for batches, r for reading our table back.
-// Both are sockets inside the namespace, made when it was opened. When
+// Both are sockets inside the namespace, made in the handle's visit. When
 // fn fails, both are dropped and the next call makes new ones: a batch
 // that failed may have left replies unread on the socket, which the next
 // exchange would take for its own.

@@ -2,12 +2,14 @@
 // runs netlink work (policy routing) inside them.
 //
 // Netlink sockets belong to the namespace of the thread that creates
-// them. Open enters the namespace once, on a locked OS thread of its own
-// that nothing else runs on (see onSacrificialThread), reads the cookie
-// and makes there every socket later work on the handle uses (rtnetlink,
-// and the nftables connections package nft asks for through Netfilter);
-// then the thread goes back, or is destroyed if it cannot. No other
-// goroutine's thread ever changes namespace.
+// them. A handle enters its namespace once, on a locked OS thread of its
+// own that nothing else runs on (see onSacrificialThread), and makes
+// there every socket later work on the handle uses (rtnetlink, and the
+// nftables connections package nft asks for through Netfilter); then the
+// thread goes back, or is destroyed if it cannot. That visit is Open's
+// where Open must enter to read the namespace's cookie, else the
+// handle's first use (see cookieByID). No other goroutine's thread ever
+// changes namespace.
 package netns
 
 import (
