@@ -1323,7 +1323,7 @@ var phaseText = map[string]string{
 	"admit":            "policy: options, ignored-annotation Events, request",
 	"release":          "not captured: release if enrolled",
 	"record":           "build ruleset, read + claim + write the record",
-	"kernel":           "ip rule + route, nft table",
+	"kernel":           "enter the netns (its netlink sockets, where open did not), ip rule + route, nft table",
 	"finish":           "publish to watchers",
 	"probe":            "node probe set",
 	"zds":              "hand the pod to the node proxy",
