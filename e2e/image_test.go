@@ -25,6 +25,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
+	"github.com/nftredir/nftredir/internal/testkit/kcluster"
 	"github.com/nftredir/nftredir/internal/testkit/nstest"
 )
 
@@ -248,8 +249,8 @@ func checkPlatformImage(t *testing.T, img v1.Image, arch string, machine elf.Mac
 	}
 }
 
-// containerdTools finds containerd, ctr and runc: on PATH, or in the cache
-// hack/k8s-tools.sh fills.
+// containerdTools finds containerd, ctr and runc: on PATH, or in the
+// cache hack/k8s-tools.sh fills for the cluster's Kubernetes version.
 func containerdTools() (dir string, ok bool) {
 	if p, err := exec.LookPath("containerd"); err == nil {
 		d := filepath.Dir(p)
@@ -257,18 +258,13 @@ func containerdTools() (dir string, ok bool) {
 			return d, true
 		}
 	}
-	cache := os.Getenv("NFTREDIR_TOOLS_CACHE")
-	if cache == "" {
-		cache = "/var/cache/nftredir"
-	}
-	matches, _ := filepath.Glob(filepath.Join(cache, "k8s-*", "bin", "containerd"))
-	for _, m := range matches {
-		d := filepath.Dir(m)
-		if _, err := os.Stat(filepath.Join(d, "ctr")); err == nil {
-			return d, true
+	d := kcluster.ToolsDir()
+	for _, b := range []string{"containerd", "ctr", "runc"} {
+		if _, err := os.Stat(filepath.Join(d, b)); err != nil {
+			return "", false
 		}
 	}
-	return "", false
+	return d, true
 }
 
 // TestImageImportAndRun imports the image into a containerd of the test's
@@ -287,16 +283,18 @@ func TestImageImportAndRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		// Snapshots of the native snapshotter are plain directories; a
-		// failed run may leave a mount under state.
+		// A failed run may leave the container's overlay mount under
+		// state.
 		exec.Command("umount", "-R", filepath.Join(dir, "state")).Run()
 		os.RemoveAll(dir)
 	})
 	sock := filepath.Join(dir, "containerd.sock")
-	cfg := fmt.Sprintf(`version = 2
+	// No CRI and no NRI: NRI would listen on the machine's
+	// /var/run/nri/nri.sock.
+	cfg := fmt.Sprintf(`version = 3
 root = %q
 state = %q
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs", "io.containerd.internal.v1.tracing"]
+disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images", "io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.blockfile", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.erofs", "io.containerd.snapshotter.v1.zfs", "io.containerd.internal.v1.tracing", "io.containerd.image-verifier.v1.bindir"]
 [grpc]
   address = %q
 [ttrpc]
@@ -340,8 +338,15 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.a
 		defer cancel()
 		c := exec.CommandContext(ctx, filepath.Join(tools, "ctr"), append([]string{"--address", sock, "--namespace", "k8s.io"}, args...)...)
 		c.Env = env
-		out, err := c.CombinedOutput()
-		return string(out), err
+		// Apart: on cgroup v1 every ctr command warns on stderr that
+		// containerd deprecates it, which would precede the container's
+		// output.
+		var stdout, stderr bytes.Buffer
+		c.Stdout, c.Stderr = &stdout, &stderr
+		if err := c.Run(); err != nil {
+			return stdout.String(), fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))
+		}
+		return stdout.String(), nil
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -353,7 +358,9 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.a
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if out, err := ctr("images", "import", "--snapshotter", "native", img.tarball); err != nil {
+	// The node's default path: containerd's transfer service unpacks for
+	// the default snapshotter (overlayfs) and the node's platform.
+	if out, err := ctr("images", "import", img.tarball); err != nil {
 		t.Fatalf("ctr images import: %v\n%s", err, out)
 	}
 	ref := "docker.io/library/" + imageTag
@@ -362,7 +369,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.a
 		t.Fatalf("ctr images ls: %v\n%s\nwant %s (what kubelet resolves %q to)", err, out, ref, imageTag)
 	}
 	id := "nftredir-e2e-" + strconv.FormatUint(rand.Uint64(), 36)
-	out, err = ctr("run", "--rm", "--snapshotter", "native", ref, id, "/usr/local/bin/nftredirctl", "--version")
+	out, err = ctr("run", "--rm", ref, id, "/usr/local/bin/nftredirctl", "--version")
 	if err != nil || !strings.HasPrefix(out, "nftredirctl ") {
 		t.Fatalf("ctr run nftredirctl --version: %v\n%s", err, out)
 	}

@@ -14,7 +14,7 @@ import (
 
 // TestK8sCNI031 runs the cluster on a cniVersion 0.3.1 network, the
 // version of Flannel's, Calico's, Cilium's and kindnet's defaults:
-// "nftredir-cni install" chains the plugin into it, containerd 1.6 loads
+// "nftredir-cni install" chains the plugin into it, containerd loads
 // it, and a pod of a mesh namespace is created through bridge at 0.3.1 and
 // nftredir-cni, enrolled with its address and captured; deleting it
 // releases it.

@@ -374,7 +374,7 @@ func TestK8sDaemonSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	ci := installChart(t, c, h, nil)
-	// containerd 1.6 took the whole index and unpacked the node's own
+	// containerd took the whole index and unpacked the node's own
 	// platform: the DaemonSet's pod runs from it.
 	ls, err := exec.Command(c.ToolPath("ctr"), "--address", c.ContainerdSocket, "--namespace", "k8s.io", "images", "ls", "name==docker.io/library/"+imageTag).CombinedOutput()
 	if err != nil || !strings.Contains(string(ls), "linux/amd64") || !strings.Contains(string(ls), "linux/arm64") {

@@ -87,8 +87,9 @@ build_kube() {
 }
 
 # containerd's own module has no replace directives, so `go install
-# pkg@version` builds it. Its Makefile's tags: no generated man pages, and
-# the shim (one per pod) without the gRPC server it does not serve.
+# pkg@version` builds it (GOFLAGS cleared: it refuses a caller's -mod).
+# Its Makefile's tags: no generated man pages, and the shim (one per pod)
+# without the gRPC server it does not serve.
 build_containerd() {
 	local stamp="$BIN/.containerd-$CONTAINERD_VERSION"
 	[[ -e $stamp ]] && return 0

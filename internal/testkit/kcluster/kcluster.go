@@ -298,11 +298,7 @@ func (c *Cluster) start(ctx context.Context) error {
 	c.ServiceSubnet = netip.MustParsePrefix("10.10.2.0/24")
 	c.APIServiceIP = netip.MustParseAddr("10.10.2.1")
 	c.APIServer = fmt.Sprintf("https://127.0.0.1:%d", apiPort)
-	c.CNIBinDir = filepath.Join(c.Dir, "cni-bin")
-	c.CNIConfDir = filepath.Join(c.Dir, "cni-conf")
-	c.ContainerdSocket = filepath.Join(c.Dir, "containerd", "containerd.sock")
-	c.NRISocket = filepath.Join(c.Dir, "nri", "nri.sock")
-	c.runcRoot = filepath.Join(c.Dir, "runc")
+	c.setPaths()
 	for _, d := range []string{c.CNIBinDir, c.CNIConfDir, filepath.Join(c.Dir, "logs"), filepath.Join(c.Dir, "containerd"), c.runcRoot, filepath.Join(c.Dir, "kubelet"),
 		filepath.Join(c.Dir, "nri", "plugins"), filepath.Join(c.Dir, "nri", "conf.d")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -404,6 +400,15 @@ func (c *Cluster) start(ctx context.Context) error {
 		_, err = c.Client.CoreV1().ConfigMaps("default").Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
 		return err == nil, err
 	})
+}
+
+// setPaths places the cluster's directories and sockets under Dir.
+func (c *Cluster) setPaths() {
+	c.CNIBinDir = filepath.Join(c.Dir, "cni-bin")
+	c.CNIConfDir = filepath.Join(c.Dir, "cni-conf")
+	c.ContainerdSocket = filepath.Join(c.Dir, "containerd", "containerd.sock")
+	c.NRISocket = filepath.Join(c.Dir, "nri", "nri.sock")
+	c.runcRoot = filepath.Join(c.Dir, "runc")
 }
 
 func nodeReady(n *corev1.Node) bool {

@@ -98,12 +98,12 @@ func connectNRIPlugin(t *testing.T, c *Cluster, name string, plugin any) (stop f
 }
 
 // refusedByValidator reports whether the pod's container waits because
-// containerd's validator refused to create it.
+// containerd's validator refused to create it (the kubelet retries).
 func refusedByValidator(plugin string) func(*corev1.Pod) bool {
 	want := fmt.Sprintf("required plugin %q not present", plugin)
 	return func(p *corev1.Pod) bool {
 		for _, cs := range p.Status.ContainerStatuses {
-			if w := cs.State.Waiting; w != nil && strings.Contains(w.Message, want) {
+			if w := cs.State.Waiting; w != nil && w.Reason == "CreateContainerError" && strings.Contains(w.Message, want) {
 				return true
 			}
 		}
@@ -144,8 +144,11 @@ func TestNRI(t *testing.T) {
 	}
 
 	rec := &nriRecorder{ran: map[string]*api.PodSandbox{}}
+	connected := time.Now()
 	stop := connectNRIPlugin(t, c, plugin, rec)
 	c.WaitPodReady(t, ns, "early")
+	// How long a refused pod waits for the kubelet's next CreateContainer.
+	t.Logf("pod early Ready %s after the plugin started connecting", time.Since(connected).Round(time.Millisecond))
 	if !rec.synced(0, ns+"/early") {
 		t.Errorf("no Synchronize listed pod early: %v", rec)
 	}
