@@ -64,24 +64,35 @@ var psVariants = []string{psBare, psNRIOut, psNRI, psCNI}
 // through the CNI chain, and the daemon is restarted between the halves.
 type psHalf struct {
 	enrolment string
-	variants  [2]string
-	// warmUp is the variant of the untimed pod that starts each half,
-	// after the daemon's restart: it leaves no AddPod in the daemon's
-	// log that a timed pod could be taken for.
+	blocks    []psBlock
+}
+
+// psBlock is a run of pods on one chain: first an untimed pod, then the
+// block's variants taking turns pod by pod. The chain is written before
+// the untimed pod when it changes, so that no timed pod is the first
+// after containerd reloaded its network config, nor after the daemon's
+// restart.
+type psBlock struct {
+	// plugin: nftredir-cni is chained after the pod network.
+	plugin   bool
+	variants []string
+	// warmUp is the namespace of the untimed pod: outside the mesh, so
+	// that under CNI the AddPod it makes is told from a timed pod's (it
+	// programs nothing: no kernel phase).
 	warmUp string
 }
 
 var psHalves = [2]psHalf{
-	{enrolment: defaults.EnrolmentNRI, variants: [2]string{psNRIOut, psNRI}, warmUp: psNRIOut},
-	{enrolment: defaults.EnrolmentCNI, variants: [2]string{psBare, psCNI}, warmUp: psBare},
+	{enrolment: defaults.EnrolmentNRI, blocks: []psBlock{{variants: []string{psNRIOut, psNRI}, warmUp: "ps-out"}}},
+	{enrolment: defaults.EnrolmentCNI, blocks: []psBlock{
+		{variants: []string{psBare}, warmUp: "ps-bare"},
+		{plugin: true, variants: []string{psCNI}, warmUp: "ps-bare"},
+	}},
 }
 
 // halvesOf is round's halves in the order they run: the order alternates
 // from round to round, so that each round ends in the mode the next one
 // starts with (one restart a round), and neither mode always goes first.
-// The first round ends with a pod of psCNI (pairOrder), so that even a
-// run of one round and one pod per variant tears its cluster down with
-// nftredir-cni in the chain.
 func halvesOf(round int) [2]psHalf {
 	if round%2 == 1 {
 		return [2]psHalf{psHalves[1], psHalves[0]}
@@ -89,13 +100,26 @@ func halvesOf(round int) [2]psHalf {
 	return psHalves
 }
 
-// pairOrder is the order of a half's two variants for the i-th pair of
-// pods of round: each goes first, and follows the other, equally often.
-func pairOrder(h psHalf, round, i int) [2]string {
-	if (round+i)%2 == 1 {
-		return [2]string{h.variants[1], h.variants[0]}
+// blocksOf is a half's blocks in the order they run in round: reversed
+// in every other round, so that neither always follows the other. The
+// first round ends with nftredir-cni's block, so that even a run of one
+// round tears its cluster down with nftredir-cni in the chain.
+func blocksOf(h psHalf, round int) []psBlock {
+	out := slices.Clone(h.blocks)
+	if round%2 == 1 {
+		slices.Reverse(out)
 	}
-	return h.variants
+	return out
+}
+
+// turnOrder is the order of a block's variants for the i-th turn of
+// round: each goes first, and follows the other, equally often.
+func turnOrder(b psBlock, round, i int) []string {
+	out := slices.Clone(b.variants)
+	if (round+i)%2 == 1 {
+		slices.Reverse(out)
+	}
+	return out
 }
 
 // The section's targets: what capture may add to a pod's sandbox, what
@@ -338,9 +362,9 @@ var sameSpecFlags = []string{
 	"--log-format", "json",
 }
 
-// psSettle is the pause after the daemon's restart, before a half's
-// warm-up pod: its start-up work (informers, the agent's first pass, the
-// node proxy's snapshot) is done by then.
+// psSettle is the pause after the daemon's restart, before the half's
+// first untimed pod: its start-up work (informers, the agent's first
+// pass, the node proxy's snapshot) is done by then.
 const psSettle = 2 * time.Second
 
 func (b *bench) podStart(t *progTB, alone, same *daemon, binDir string, r *podStartResult) {
@@ -373,8 +397,7 @@ func (b *bench) podStart(t *progTB, alone, same *daemon, binDir string, r *podSt
 			t.Errorf("stop the Kubernetes-mode daemon: %v", err)
 		}
 	})
-	first := halvesOf(0)[0].enrolment
-	if err := kd.start(t.Context(), first, false); err != nil {
+	if err := kd.start(t.Context(), halvesOf(0)[0].enrolment, false); err != nil {
 		t.Fatal(err)
 	}
 
@@ -430,19 +453,17 @@ func (b *bench) podStart(t *progTB, alone, same *daemon, binDir string, r *podSt
 	// and torn down before the next, so that no variant starts beside
 	// more pods than another. Its CPU figures are the daemon's and the
 	// proxy's from its Create call until it was Ready.
-	runPod := func(v, name string) podStart {
-		useChain(v == psCNI)
+	runPod := func(ns, name string) podStart {
 		proxy0, daemon0 := taskCPU(proxyPID), taskCPU(int(kd.pid.Load()))
-		ps, err := startPod(t.Context(), c, nss[v], name, image)
+		ps, err := startPod(t.Context(), c, ns, name, image)
 		if err != nil {
-			t.Fatalf("%s: %v", v, err)
+			t.Fatalf("%s/%s: %v", ns, name, err)
 		}
 		ps.daemonCPU = taskCPU(int(kd.pid.Load())) - daemon0
 		if proxyPID != 0 {
 			ps.proxyCPU = taskCPU(proxyPID) - proxy0
 		}
-		ps.variant = v
-		if err := deletePods(t.Context(), c, nss[v], []string{name}); err != nil {
+		if err := deletePods(t.Context(), c, ns, []string{name}); err != nil {
 			t.Fatal(err)
 		}
 		if err := waitSandboxStopped(t.Context(), cri, ps.uid); err != nil {
@@ -464,14 +485,17 @@ func (b *bench) podStart(t *progTB, alone, same *daemon, binDir string, r *podSt
 					t.Fatal(err)
 				}
 				r.restarts = append(r.restarts, took)
+				b.sleep(t.Context(), psSettle)
 			}
-			b.sleep(t.Context(), psSettle)
-			runPod(h.warmUp, fmt.Sprintf("psw%d-%d", round, hi))
-			for i := range r.perRound {
-				for j, v := range pairOrder(h, round, i) {
-					ps := runPod(v, fmt.Sprintf("ps%d-%d-%d-%d", round, hi, i, j))
-					ps.round = round
-					r.pods = append(r.pods, ps)
+			for bi, blk := range blocksOf(h, round) {
+				useChain(blk.plugin)
+				runPod(blk.warmUp, fmt.Sprintf("psw%d-%d-%d", round, hi, bi))
+				for i := range r.perRound {
+					for j, v := range turnOrder(blk, round, i) {
+						ps := runPod(nss[v], fmt.Sprintf("ps%d-%d-%d-%d-%d", round, hi, bi, i, j))
+						ps.variant, ps.round = v, round
+						r.pods = append(r.pods, ps)
+					}
 				}
 			}
 		}
@@ -543,11 +567,12 @@ func (b *bench) podStart(t *progTB, alone, same *daemon, binDir string, r *podSt
 }
 
 // takeHandlerLines sorts the Kubernetes-mode daemon's log lines between
-// two marks by variant: the gRPC AddPods are psCNI's pods' (the plugin
-// calls only for them; the other variants' pods in that half have no
-// plugin in their chain), the NRI RunPodSandbox lines are matched to
-// their pods by UID. Every timed pod must have its line, and each line
-// the outcome its variant means.
+// two marks by variant: the gRPC AddPods that captured a pod (a kernel
+// phase) are psCNI's pods' (the plugin is chained for them and for the
+// untimed pods outside the mesh before them, which it does not capture),
+// the NRI RunPodSandbox lines are matched to their pods by UID (the
+// untimed pods' dropped). Every timed pod must have its line, and each
+// line the outcome its variant means.
 func (r *podStartResult) takeHandlerLines(logPath string, from, to int64) error {
 	lines, err := readCallLines(logPath, from, to)
 	if err != nil {
@@ -561,7 +586,9 @@ func (r *podStartResult) takeHandlerLines(logPath string, from, to int64) error 
 	}
 	for _, l := range lines {
 		if l.pod == "" {
-			r.kube[psCNI] = append(r.kube[psCNI], l)
+			if _, captured := l.phases["kernel"]; captured {
+				r.kube[psCNI] = append(r.kube[psCNI], l)
+			}
 			continue
 		}
 		v := variant[l.pod]

@@ -143,13 +143,18 @@ not json
 	}
 }
 
-// TestTakeHandlerLines: NRI lines go to their pods' variants by UID (a
-// warm-up pod's are dropped), gRPC AddPods to the CNI variant; a line
-// whose outcome is not its variant's, or a pod without its line, fails.
+// TestTakeHandlerLines: NRI lines go to their pods' variants by UID (an
+// untimed pod's are dropped), gRPC AddPods that captured a pod to the CNI
+// variant (the untimed pod's, which captured nothing, are dropped); a
+// line whose outcome is not its variant's, or a pod without its line,
+// fails.
 func TestTakeHandlerLines(t *testing.T) {
 	line := func(event string, pod string, captured bool) string {
+		if event == "AddPod" && captured {
+			return `{"grpc.method":"AddPod","grpc.time_ms":2,"phase.kernel_ms":1}`
+		}
 		if event == "AddPod" {
-			return `{"grpc.method":"AddPod","grpc.time_ms":2}`
+			return `{"grpc.method":"AddPod","grpc.time_ms":0.5,"phase.release_ms":0.01}`
 		}
 		return fmt.Sprintf(`{"nri.event":"RunPodSandbox","nri.time_ms":0.2,"pod":%q,"captured":%v}`, pod, captured)
 	}
@@ -159,9 +164,10 @@ func TestTakeHandlerLines(t *testing.T) {
 		lines []string
 		ok    bool
 	}{
-		{"all", []string{line("nri", "w", false), line("nri", "o", false), line("nri", "m", true), line("AddPod", "", false)}, true},
-		{"not captured", []string{line("nri", "o", false), line("nri", "m", false), line("AddPod", "", false)}, false},
-		{"missing", []string{line("nri", "o", false), line("AddPod", "", false)}, false},
+		{"all", []string{line("nri", "w", false), line("nri", "o", false), line("nri", "m", true), line("AddPod", "", false), line("AddPod", "", true)}, true},
+		{"not captured", []string{line("nri", "o", false), line("nri", "m", false), line("AddPod", "", true)}, false},
+		{"missing", []string{line("nri", "o", false), line("AddPod", "", true)}, false},
+		{"untimed AddPod alone", []string{line("nri", "o", false), line("nri", "m", true), line("AddPod", "", false)}, false},
 	} {
 		path := t.TempDir() + "/d.log"
 		text := strings.Join(c.lines, "\n") + "\n"
@@ -413,10 +419,13 @@ func mustProcCPU(t *testing.T, pid int) time.Duration {
 
 // TestPodStartOrders: over two rounds each enrolment mode's half goes
 // first once, the daemon restarts once a round (each round ends in the
-// mode the next starts with), and within a half each variant goes first
-// as often as the other.
+// mode the next starts with), each block of a half goes first as often
+// as the other, within a block each variant goes first as often as the
+// other, and every variant runs.
 func TestPodStartOrders(t *testing.T) {
 	firstHalf := map[string]int{}
+	firstBlock := map[string]int{}
+	covered := map[string]bool{}
 	for round := range 4 {
 		h := halvesOf(round)
 		firstHalf[h[0].enrolment]++
@@ -427,34 +436,46 @@ func TestPodStartOrders(t *testing.T) {
 			t.Fatalf("round %d runs one mode twice", round)
 		}
 		for _, half := range h {
-			first := map[string]int{}
-			for i := range 4 {
-				o := pairOrder(half, round, i)
-				if o[0] == o[1] || !slices.Contains(half.variants[:], o[0]) || !slices.Contains(half.variants[:], o[1]) {
-					t.Fatalf("order %v is not the half's two variants", o)
-				}
-				first[o[0]]++
+			blocks := blocksOf(half, round)
+			if len(blocks) > 1 {
+				firstBlock[blocks[0].variants[0]]++
 			}
-			if first[half.variants[0]] != first[half.variants[1]] {
-				t.Errorf("round %d, %s: first %v", round, half.enrolment, first)
+			for _, b := range blocks {
+				first := map[string]int{}
+				for i := range 4 {
+					o := turnOrder(b, round, i)
+					if len(o) != len(b.variants) {
+						t.Fatalf("order %v is not the block's variants %v", o, b.variants)
+					}
+					for _, v := range o {
+						if !slices.Contains(b.variants, v) {
+							t.Fatalf("order %v is not the block's variants %v", o, b.variants)
+						}
+						covered[v] = true
+					}
+					first[o[0]]++
+				}
+				for _, v := range b.variants {
+					if first[v] != 4/len(b.variants) {
+						t.Errorf("round %d, %s: first %v", round, half.enrolment, first)
+					}
+				}
 			}
 		}
 	}
 	if firstHalf[defaults.EnrolmentCNI] != firstHalf[defaults.EnrolmentNRI] {
 		t.Errorf("first halves %v", firstHalf)
 	}
-	if h := halvesOf(0); pairOrder(h[1], 0, 0)[1] != psCNI {
-		t.Errorf("a run of one round and one pod per variant ends with %s, not with nftredir-cni in the chain", pairOrder(h[1], 0, 0)[1])
-	}
-	covered := map[string]bool{}
-	for _, h := range psHalves {
-		for _, v := range h.variants {
-			covered[v] = true
-		}
+	if firstBlock[psBare] != firstBlock[psCNI] || firstBlock[psBare] == 0 {
+		t.Errorf("first blocks %v", firstBlock)
 	}
 	for _, v := range psVariants {
 		if !covered[v] {
-			t.Errorf("%s runs in no half", v)
+			t.Errorf("%s runs in no block", v)
 		}
+	}
+	last := blocksOf(halvesOf(0)[1], 0)
+	if l := last[len(last)-1]; !l.plugin {
+		t.Errorf("a run of one round ends on the bare chain (%v), not with nftredir-cni in it", l.variants)
 	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"math"
-	"slices"
 	"strings"
 	"time"
 
@@ -83,24 +82,29 @@ func (r *report) podStartTable() table {
 		"nftredird runs in Kubernetes mode as a host process in the node's namespace (JSON logs at info, admin kubeconfig); its node proxy is %s. "+
 		"Pods outside the mesh are in a namespace without the `%s` label, captured ones in a namespace with it. "+
 		"Each pod starts alone on the node: it is created, Ready, deleted (grace 0) and its sandbox stopped, then after %s the next starts. "+
-		"A daemon registered with the runtime's NRI hears of every sandbox on the node, so each round has two halves, one per enrolment mode, with the daemon restarted between them (%s); "+
-		"the halves alternate which goes first from round to round, the two variants of a half take turns pod by pod, and each half begins, %s after the daemon is up with its node proxy connected, with an untimed pod. "+
+		"A daemon registered with the runtime's NRI hears of every sandbox on the node, so each round has two halves, one per enrolment mode, with the daemon restarted between them, %s after it is up with its node proxy connected (%s); "+
+		"the halves, and the blocks of a half, alternate which goes first from round to round; each block begins with an untimed pod outside the mesh on the block's chain, after the conflist is switched to it where it changes (and containerd seen to load it), so that no timed pod is the first after a restart or a reload; within a block the variants take turns pod by pod. "+
 		"The containerd validator that NRI enrolment relies on in production (docs/nri.md) is off for every variant here, so that %s has nothing of nftredir on its path; it acts at CreateContainer, outside RunPodSandbox. "+
 		"create→Ready is dominated by the kubelet's pod status cycle (about a second), so only RunPodSandbox resolves milliseconds.",
 		kcluster.KubeVersion, ps.clusterUp.Seconds(), psBare, signtest.Significance, ps.proxy, kube.DefaultModeLabel+"="+kube.DefaultModeEnabled, podGap,
-		halvesText(), psSettle, psBare)}
+		psSettle, halvesText(), psBare)}
 	return t
 }
 
-// halvesText says which variants run in which enrolment mode.
+// halvesText says which variants run in which enrolment mode, on which
+// chain.
 func halvesText() string {
 	var parts []string
 	for _, h := range psHalves {
-		chain := "on the bare chain"
-		if slices.Contains(h.variants[:], psCNI) {
-			chain = "with the conflist switched between the bare chain and nftredir-cni's, and containerd seen to load it"
+		var blocks []string
+		for _, b := range h.blocks {
+			chain := "the bare chain"
+			if b.plugin {
+				chain = "nftredir-cni chained"
+			}
+			blocks = append(blocks, fmt.Sprintf("%s on %s", strings.Join(b.variants, " and "), chain))
 		}
-		parts = append(parts, fmt.Sprintf("--enrolment %s for %s and %s, %s", h.enrolment, h.variants[0], h.variants[1], chain))
+		parts = append(parts, fmt.Sprintf("--enrolment %s: %s", h.enrolment, strings.Join(blocks, ", then ")))
 	}
 	return strings.Join(parts, "; ")
 }
