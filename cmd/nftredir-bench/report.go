@@ -819,8 +819,14 @@ func (r *report) targetNotes() string {
 func (r *report) rateNote() string {
 	cores := float64(r.res.machine.cores)
 	cpu := spreadOf(per(r.res.apply[mAdd(rateConc)], cpuOf)).med
-	note := fmt.Sprintf("- *%s*: at %d in flight an AddPod cost %.2f ms of CPU (daemon plus client), so %d cores allow at most %.0f pods/s; "+
-		"the target needs %.2f ms or less.", goalRate, rateConc, cpu, r.res.machine.cores, cores*1000/cpu, cores*1000/minRate)
+	rate := spreadOf(per(r.res.apply[mAdd(rateConc)], rateOf)).med
+	most := cores * 1000 / cpu
+	note := fmt.Sprintf("- *%s*: at %d in flight an AddPod cost %.2f ms of CPU (daemon plus client), so %d cores allow at most %.0f pods/s, with both busy all the time; "+
+		"the target needs %.2f ms or less.", goalRate, rateConc, cpu, r.res.machine.cores, most, cores*1000/minRate)
+	if most >= minRate {
+		note += fmt.Sprintf(" The run's %.0f pods/s is %.0f%% of that: the cores were idle %.0f%% of the time, between calls and while calls waited for each other.",
+			rate, 100*rate/most, 100*(1-rate/most))
+	}
 	if few, many := r.phaseP50(phProbe), r.phaseP50(probeAt(phProbe, r.cfg.reconcilePods)); few > 0 && many > 0 {
 		note += fmt.Sprintf(" For comparison, the node probe set's update takes %.2f ms with a few pods in it and %.2f ms with %d (p50s, wall time, timed one by one).",
 			few, many, r.cfg.reconcilePods)

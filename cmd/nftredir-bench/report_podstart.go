@@ -84,7 +84,7 @@ func (r *report) podStartTable() table {
 		"Each pod starts alone on the node: it is created, Ready, deleted (grace 0) and its sandbox stopped, then after %s the next starts. "+
 		"A daemon registered with the runtime's NRI hears of every sandbox on the node, so each round has two halves, one per enrolment mode, with the daemon restarted between them, %s after it is up with its node proxy connected (%s); "+
 		"the halves, and the blocks of a half, alternate which goes first from round to round; each block begins with an untimed pod outside the mesh on the block's chain, after the conflist is switched to it where it changes (and containerd seen to load it), so that no timed pod is the first after a restart or a reload; within a block the variants take turns pod by pod. "+
-		"The containerd validator that NRI enrolment relies on in production (docs/nri.md) is off for every variant here, so that %s has nothing of nftredir on its path; it acts at CreateContainer, outside RunPodSandbox. "+
+		"The containerd validator that NRI enrolment relies on in production (docs/nri.md) is off for every variant here, so that *%s* has nothing of nftredir on its path; it acts at CreateContainer, outside RunPodSandbox. "+
 		"create→Ready is dominated by the kubelet's pod status cycle (about a second), so only RunPodSandbox resolves milliseconds.",
 		kcluster.KubeVersion, ps.clusterUp.Seconds(), psBare, signtest.Significance, ps.proxy, kube.DefaultModeLabel+"="+kube.DefaultModeEnabled, podGap,
 		psSettle, halvesText(), psBare)}
@@ -102,7 +102,11 @@ func halvesText() string {
 			if b.plugin {
 				chain = "nftredir-cni chained"
 			}
-			blocks = append(blocks, fmt.Sprintf("%s on %s", strings.Join(b.variants, " and "), chain))
+			var names []string
+			for _, v := range b.variants {
+				names = append(names, "*"+v+"*")
+			}
+			blocks = append(blocks, fmt.Sprintf("%s on %s", strings.Join(names, " and "), chain))
 		}
 		parts = append(parts, fmt.Sprintf("--enrolment %s: %s", h.enrolment, strings.Join(blocks, ", then ")))
 	}
