@@ -12,9 +12,10 @@ import (
 )
 
 // Kernel is the Engine of the real node: namespaces opened through a
-// netns.Guard, tables programmed by an nft.Applier over netlink. Open
-// enters the namespace once, to make the netlink sockets that all later
-// work on the Namespace goes through (see package netns).
+// netns.Guard, tables programmed by an nft.Applier over netlink. A
+// Namespace enters its namespace once, to make the netlink sockets that
+// all later work on it goes through (see package netns): at Open, or at
+// its first use where Open can identify the namespace without entering.
 type Kernel struct {
 	guard   *netns.Guard
 	applier nft.Applier

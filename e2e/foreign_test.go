@@ -230,7 +230,8 @@ func TestForeignCaptureRefused(t *testing.T) {
 			tc.install()
 			before := dumpAll(t, p)
 			// Opened now, as AddPod opens the path it is given: a handle
-			// knows the legacy tables as they were when it was opened.
+			// knows the legacy tables as they were when it first entered
+			// the namespace (at Open, or at Apply).
 			eng := p.engine(t, tc.takeOver)
 			ns, err := eng.Open(p.Pod.Path)
 			if err != nil {

@@ -20,8 +20,14 @@ var errClosed = fmt.Errorf("network namespace handle is closed: %w", unix.EBADF)
 // conns are the netlink connections a handle's work goes through, each
 // a socket made inside the namespace. A socket keeps the namespace it
 // was made in for its lifetime, wherever it is used from, so they are
-// made in one visit and every later call is plain socket I/O.
+// made in one visit and every later call is plain socket I/O. The visit
+// is Open's where Open must enter the namespace to read its cookie, and
+// else the handle's first use: a handle that is only opened (a pod the
+// policy leaves alone: its namespace identified, nothing more) then
+// never enters the namespace (Guard.Open).
 type conns struct {
+	// visited: the handle has entered the namespace and made them.
+	visited bool
 	// route is rtnetlink, for policy routing.
 	route *netlink.Handle
 	// tables is a lasting google/nftables connection, for batches.
@@ -36,12 +42,10 @@ type conns struct {
 	legacyErr error
 }
 
-// visit enters the namespace once, on a sacrificial thread, and makes
-// there whatever connection is missing; with cookie set it also reads
-// the namespace's cookie. A connection that cannot be made is left nil:
-// Open must not fail for a namespace nobody will program, and the work
-// that needs it reports the error (see Handle.connect).
-func (h *Handle) visit(cookie *uint64) error {
+// enter runs fn on a sacrificial thread inside the namespace, and brings
+// the thread home after; a thread that cannot go home stays locked and
+// dies with its goroutine (onSacrificialThread).
+func (h *Handle) enter(fn func() error) error {
 	return onSacrificialThread(func() error {
 		home, err := vnetns.Get()
 		if err != nil {
@@ -51,14 +55,25 @@ func (h *Handle) visit(cookie *uint64) error {
 		if err := unix.Setns(h.fd, unix.CLONE_NEWNET); err != nil {
 			return fmt.Errorf("enter %s: %w", h.path, err)
 		}
-		err = h.makeHere(cookie)
-		// A thread that cannot go home stays locked and dies with its
-		// goroutine (onSacrificialThread); the sockets are made already.
+		err = fn()
 		if rerr := vnetns.Set(home); rerr != nil && err == nil {
 			err = fmt.Errorf("leave %s: %w", h.path, rerr)
 		}
 		return err
 	})
+}
+
+// visit enters the namespace once and makes there whatever connection is
+// missing, and looks at its legacy iptables tables; with cookie set it
+// also reads the namespace's cookie. A connection that cannot be made is
+// left nil: Open must not fail for a namespace nobody will program, and
+// the work that needs it reports the error (see Handle.connect). Callers
+// hold h.mu, or have the handle to themselves (Open).
+func (h *Handle) visit(cookie *uint64) error {
+	if h.fd < 0 {
+		return errClosed
+	}
+	return h.enter(func() error { return h.makeHere(cookie) })
 }
 
 // makeHere runs on the visiting thread, inside the namespace: every
@@ -72,6 +87,7 @@ func (h *Handle) makeHere(cookie *uint64) error {
 		}
 		*cookie = c
 	}
+	h.c.visited = true
 	h.c.legacy, h.c.legacyErr = legacyHere()
 	var errs []error
 	if h.c.route == nil {
@@ -133,7 +149,7 @@ func (h *Handle) withRoute(fn func(nh *netlink.Handle) error) error {
 
 // Netfilter runs fn with the handle's nftables connections, one caller
 // at a time: c (lasting) for batches, r for reading our table back.
-// Both are sockets inside the namespace, made when it was opened. When
+// Both are sockets inside the namespace, made in the handle's visit. When
 // fn fails, both are dropped and the next call makes new ones: a batch
 // that failed may have left replies unread on the socket, which the next
 // exchange would take for its own.

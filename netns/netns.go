@@ -2,12 +2,14 @@
 // runs netlink work (policy routing) inside them.
 //
 // Netlink sockets belong to the namespace of the thread that creates
-// them. Open enters the namespace once, on a locked OS thread of its own
-// that nothing else runs on (see onSacrificialThread), reads the cookie
-// and makes there every socket later work on the handle uses (rtnetlink,
-// and the nftables connections package nft asks for through Netfilter);
-// then the thread goes back, or is destroyed if it cannot. No other
-// goroutine's thread ever changes namespace.
+// them. A handle enters its namespace once, on a locked OS thread of its
+// own that nothing else runs on (see onSacrificialThread), and makes
+// there every socket later work on the handle uses (rtnetlink, and the
+// nftables connections package nft asks for through Netfilter); then the
+// thread goes back, or is destroyed if it cannot. That visit is Open's
+// where Open must enter to read the namespace's cookie, else the
+// handle's first use (see cookieByID). No other goroutine's thread ever
+// changes namespace.
 package netns
 
 import (
@@ -20,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -155,6 +158,9 @@ type Guard struct {
 	warnings  []string
 	timeout   time.Duration
 	fault     func(path, step string) error
+	// cookieByID: Open reads a namespace's cookie without entering it
+	// (see cookieByID).
+	cookieByID bool
 	// slots holds a token per open in the kernel.
 	slots chan struct{}
 
@@ -197,7 +203,8 @@ func NewGuardConfig(cfg GuardConfig) (*Guard, error) {
 	if cfg.MaxPendingOpens <= 0 {
 		cfg.MaxPendingOpens = DefaultMaxPendingOpens
 	}
-	g := &Guard{timeout: cfg.OpenTimeout, fault: cfg.Fault, slots: make(chan struct{}, cfg.MaxPendingOpens), pending: map[string]chan struct{}{}}
+	g := &Guard{timeout: cfg.OpenTimeout, fault: cfg.Fault, slots: make(chan struct{}, cfg.MaxPendingOpens), pending: map[string]chan struct{}{},
+		cookieByID: cookieByID()}
 	for _, p := range append([]string{"/proc/self/ns/net", "/proc/1/ns/net"}, cfg.Protect...) {
 		id, err := statID(p)
 		if err != nil {
@@ -369,8 +376,67 @@ func (g *Guard) check(h *Handle) error {
 			return fmt.Errorf("%s (%s): %w", h.path, h.id, ErrHostNetns)
 		}
 	}
+	if g.cookieByID {
+		// One ioctl on the file: nothing enters the namespace until the
+		// handle is used.
+		c, err := unix.IoctlGetUint64(h.fd, unix.NS_GET_ID)
+		if err != nil {
+			return fmt.Errorf("read cookie of %s: %w", h.path, err)
+		}
+		h.id.Cookie = c
+		return nil
+	}
+	// The visit that reads the cookie makes the handle's connections
+	// too, so that an AddPod enters the namespace once either way.
 	return h.visit(&h.id.Cookie)
 }
+
+// cookieByID says whether this kernel's NS_GET_ID of a network namespace
+// (Linux 6.18) is the namespace's cookie, SO_NETNS_COOKIE: then Open
+// reads the cookie with an ioctl on the namespace file instead of
+// entering the namespace to make a socket there. The kernel is the same
+// for the process's life, so it is found out once. It is checked, not
+// assumed from the version, on the process's own namespace and on one
+// made for the check: were the two counters apart on some kernel, IDs
+// read one way would not match the records an earlier daemon wrote the
+// other way, and every pod would look moved.
+var cookieByID = sync.OnceValue(func() bool {
+	same := func() (bool, error) {
+		fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return false, err
+		}
+		defer unix.Close(fd)
+		id, err := unix.IoctlGetUint64(fd, unix.NS_GET_ID)
+		if err != nil {
+			return false, err // before Linux 6.18: ENOTTY
+		}
+		c, err := cookieHere()
+		return err == nil && c != 0 && c == id, err
+	}
+	ok := false
+	err := onSacrificialThread(func() error {
+		home, err := vnetns.Get()
+		if err != nil {
+			return err
+		}
+		defer home.Close()
+		if ok, err = same(); !ok {
+			return err
+		}
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			ok = false
+			return err
+		}
+		ok, err = same()
+		if serr := vnetns.Set(home); serr != nil {
+			ok = false
+			return serr
+		}
+		return err
+	})
+	return ok && err == nil
+})
 
 // StatID returns the identity of the namespace at path without keeping it
 // open, following symlinks. It does not validate the file's kind.

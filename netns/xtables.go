@@ -35,10 +35,10 @@ func (x XTable) String() string {
 
 // LegacyTables lists the namespace's legacy iptables tables that hold
 // rules or chains of their own, as they were when the handle entered the
-// namespace (Open, or the visit that remade its sockets after a failed
-// batch). A table the kernel merely instantiated (a listing does that)
-// and left with its built-in chains empty captures nothing and is not
-// listed.
+// namespace (its first use, or the visit that remade its sockets after a
+// failed batch). A table the kernel merely instantiated (a listing does
+// that) and left with its built-in chains empty captures nothing and is
+// not listed.
 //
 // They are read during that visit because nothing else can read them:
 // the table names come only from /proc/net/{ip,ip6}_tables_names, which
@@ -51,6 +51,11 @@ func LegacyTables(h *Handle) ([]XTable, error) {
 	defer h.mu.Unlock()
 	if h.fd < 0 {
 		return nil, errClosed
+	}
+	if !h.c.visited {
+		if err := h.visit(nil); err != nil {
+			return nil, err
+		}
 	}
 	if h.c.legacyErr != nil {
 		return nil, fmt.Errorf("legacy iptables tables of %s: %w", h.path, h.c.legacyErr)

@@ -28,6 +28,7 @@ import (
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/nftredir/nftredir/internal/calltrace"
 	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/lifecycle"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
@@ -233,23 +234,39 @@ func (p *Plugin) answerBy(ctx context.Context) (context.Context, context.CancelF
 // through the same AddPod and policy. A pod the policy leaves alone gets
 // nil at once; an error fails the sandbox, the runtime tears it down and
 // the kubelet tries again.
+//
+// Each call is logged at info with its time and phases (calltrace), as
+// the gRPC server logs an AddPod: where a pod's start spends the
+// daemon's time is read from that line.
 func (p *Plugin) RunPodSandbox(ctx context.Context, pod *api.PodSandbox) (err error) {
+	ctx, trace := calltrace.New(ctx)
+	start := time.Now()
 	defer p.recover("RunPodSandbox", &err)
 	if p.delay > 0 {
 		time.Sleep(p.delay)
 	}
 	ctx, cancel := p.answerBy(ctx)
 	defer cancel()
-	start := time.Now()
 	captured, err := p.enrol(ctx, pod)
-	log := p.log.With("pod", pod.GetUid(), "namespace", pod.GetNamespace(), "name", pod.GetName(), "took", time.Since(start))
+	fields := append([]any{
+		EventField, "RunPodSandbox", TimeField, calltrace.Millis(time.Since(start)),
+		"pod", pod.GetUid(), "namespace", pod.GetNamespace(), "name", pod.GetName(), "captured", captured,
+	}, trace.Fields()...)
 	if err != nil {
-		log.Warn("RunPodSandbox: pod not captured; the runtime fails its sandbox", "error", err)
+		p.log.Warn("RunPodSandbox: pod not captured; the runtime fails its sandbox", append(fields, "error", err)...)
 		return err
 	}
-	log.Debug("RunPodSandbox", "captured", captured)
+	p.log.Info("RunPodSandbox", fields...)
 	return nil
 }
+
+// The log fields of a handled event: its name, and its time in the
+// handler in milliseconds (to the microsecond), beside the phases'
+// (calltrace.FieldPrefix).
+const (
+	EventField = "nri.event"
+	TimeField  = "nri.time_ms"
+)
 
 // enrol brings one sandbox's pod in line: nothing for a sandbox that is
 // not a Kubernetes pod's or has no namespace of its own, nothing for a pod
@@ -262,7 +279,9 @@ func (p *Plugin) enrol(ctx context.Context, pod *api.PodSandbox) (bool, error) {
 		p.log.Debug("sandbox left alone", "sandbox", pod.GetId(), "why", skip)
 		return false, nil
 	}
-	if rec, err := p.pods.Enrolled(req.GetPodUid()); err == nil && rec != nil && rec.GetNetnsPath() == req.GetNetnsPath() {
+	rec, err := p.pods.Enrolled(req.GetPodUid())
+	calltrace.Mark(ctx, "enrolled")
+	if err == nil && rec != nil && rec.GetNetnsPath() == req.GetNetnsPath() {
 		return true, nil
 	}
 	resp, err := p.pods.AddPod(ctx, req)

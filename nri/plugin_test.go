@@ -2,13 +2,17 @@ package nri_test
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
+	"github.com/hashicorp/go-hclog"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/nftredir/nftredir/internal/calltrace"
+	"github.com/nftredir/nftredir/internal/testkit/syncbuf"
 	"github.com/nftredir/nftredir/nri"
 )
 
@@ -272,5 +276,67 @@ func TestReconnectsAfterRuntimeRestart(t *testing.T) {
 	}
 	if err := rt2.createContainer(late, "app"); err != nil {
 		t.Errorf("creating mesh/late's container after the reconnection: %v", err)
+	}
+}
+
+// Each RunPodSandbox is logged at info with its time in the handler and
+// its phases, the lifecycle's among them, as the gRPC server logs an
+// AddPod: a pod's start is read from these lines (make bench).
+func TestRunPodSandboxLogsPhases(t *testing.T) {
+	d := startDaemon(t, apiPod("mesh", "web", nil), apiPod("plain", "db", nil))
+	rt := startRuntime(t, "containerd", "v2.4.2", "")
+	var out syncbuf.Buffer
+	if err := d.connect(t, rt, func(c *nri.Config) {
+		c.Logger = hclog.New(&hclog.LoggerOptions{Name: "nri", Level: hclog.Info, Output: &out, JSONFormat: true})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	web, db := sandbox("mesh", "web", "10.1.0.5"), sandbox("plain", "db", "10.1.0.6")
+	for _, p := range []*api.PodSandbox{web, db} {
+		if err := rt.runPodSandbox(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lines := map[string]map[string]any{}
+	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("log line %q: %v", l, err)
+		}
+		if m[nri.EventField] == "RunPodSandbox" {
+			lines[m["name"].(string)] = m
+		}
+	}
+	for _, c := range []struct {
+		pod      string
+		captured bool
+		phases   []string
+	}{
+		{"web", true, []string{"enrolled", "lock", "open", "pod_lookup", "namespace_lookup", "admit", "record", "kernel", "policy_added"}},
+		{"db", false, []string{"enrolled", "lock", "open", "pod_lookup", "namespace_lookup", "admit", "policy_added"}},
+	} {
+		l := lines[c.pod]
+		if l == nil {
+			t.Errorf("no RunPodSandbox line for %s at info in %s", c.pod, out.String())
+			continue
+		}
+		if l["@level"] != "info" || l["captured"] != c.captured {
+			t.Errorf("%s: level %v captured %v; want info, %v", c.pod, l["@level"], l["captured"], c.captured)
+		}
+		total, ok := l[nri.TimeField].(float64)
+		if !ok || total <= 0 {
+			t.Errorf("%s: %s = %v; want the handler's time in ms", c.pod, nri.TimeField, l[nri.TimeField])
+		}
+		sum := 0.0
+		for _, ph := range c.phases {
+			v, ok := l[calltrace.FieldPrefix+ph+"_ms"].(float64)
+			if !ok {
+				t.Errorf("%s: no phase %s in %v", c.pod, ph, l)
+			}
+			sum += v
+		}
+		if sum > total+0.001 {
+			t.Errorf("%s: phases add up to %.3f ms, more than the handler's %.3f ms", c.pod, sum, total)
+		}
 	}
 }

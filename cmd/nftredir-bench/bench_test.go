@@ -34,8 +34,8 @@ func TestQuickRun(t *testing.T) {
 	// The plugin is its own baseline: the flag's path through the run
 	// is what is tested.
 	cfg, err := parseFlags([]string{"-quick", "-daemon", daemon, "-cni-bin", cniBin, "-out", out, "-svg", svg, "-baseline-cni", filepath.Join(cniBin, "nftredir-cni"),
-		// One pod per variant: the last to start is a captured one, so the
-		// cluster's teardown runs with nftredir-cni in the chain.
+		// One pod per variant: the last to start is nftredir-cni's, so
+		// the cluster's teardown runs with nftredir-cni in the chain.
 		"-podstart-pods", "1"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)

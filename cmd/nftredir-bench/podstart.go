@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -30,44 +32,113 @@ import (
 	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/internal/testkit/istiotest"
 	"github.com/nftredir/nftredir/internal/testkit/kcluster"
+	"github.com/nftredir/nftredir/internal/testkit/signtest"
 	"github.com/nftredir/nftredir/internal/testkit/zdstest"
 	"github.com/nftredir/nftredir/kube"
+	"github.com/nftredir/nftredir/nri"
 )
 
 // Pod start as the kubelet sees it: the project's real single-node
-// cluster (internal/kcluster: kubelet, containerd, bridge + host-local),
-// pods on the bare chain, and on the chain with nftredir-cni appended in
-// a namespace outside the mesh and in one inside it, with nftredird in
-// Kubernetes mode and a node proxy connected over ZDS. Each pod starts
-// alone on the node, the three variants taking turns, in one cluster, so
-// that the machine's drift weighs on all of them; they are reported as
-// differences and ratios to the bare chain of the same run.
+// cluster (internal/kcluster: kubelet, containerd with NRI, bridge +
+// host-local), with nftredird in Kubernetes mode and a node proxy
+// connected over ZDS. Four variants take turns in one cluster: no
+// nftredir in the pod's path at all; the daemon enrolling through the
+// runtime's NRI, a pod outside the mesh and one inside it; and the daemon
+// enrolling through nftredir-cni chained after the pod network, a pod
+// inside the mesh. They are reported as differences and ratios to the
+// first, of the same run, so that the machine's drift weighs on all.
 
 // The pod start section's variants.
 const (
-	psBare     = "bridge + host-local"
-	psOut      = "+ nftredir-cni, pod not captured"
-	psCaptured = "+ nftredir-cni, pod captured"
+	psBare   = "no nftredir"
+	psNRIOut = "NRI, pod not captured"
+	psNRI    = "NRI, pod captured"
+	psCNI    = "CNI (nftredir-cni), pod captured"
 )
 
-var psVariants = []string{psBare, psOut, psCaptured}
+var psVariants = []string{psBare, psNRIOut, psNRI, psCNI}
 
-// psOrders are the orders of psVariants' indexes the pod start section
-// cycles through: all six.
-var psOrders = [][3]int{{0, 1, 2}, {1, 2, 0}, {2, 0, 1}, {0, 2, 1}, {2, 1, 0}, {1, 0, 2}}
+// psHalf is the half of a round run with the daemon in one enrolment
+// mode. A daemon registered with the runtime's NRI hears of every
+// sandbox of the node, so the variants without it run while it enrols
+// through the CNI chain, and the daemon is restarted between the halves.
+type psHalf struct {
+	enrolment string
+	blocks    []psBlock
+}
 
-// The section's targets: what capture may add to a pod's sandbox, and
-// what Kubernetes mode may add to AddPod in the daemon.
+// psBlock is a run of pods on one chain: first an untimed pod, then the
+// block's variants taking turns pod by pod. The chain is written before
+// the untimed pod when it changes, so that no timed pod is the first
+// after containerd reloaded its network config, nor after the daemon's
+// restart.
+type psBlock struct {
+	// plugin: nftredir-cni is chained after the pod network.
+	plugin   bool
+	variants []string
+	// warmUp is the namespace of the untimed pod: outside the mesh, so
+	// that under CNI the AddPod it makes is told from a timed pod's (it
+	// programs nothing: no kernel phase).
+	warmUp string
+}
+
+var psHalves = [2]psHalf{
+	{enrolment: defaults.EnrolmentNRI, blocks: []psBlock{{variants: []string{psNRIOut, psNRI}, warmUp: "ps-out"}}},
+	{enrolment: defaults.EnrolmentCNI, blocks: []psBlock{
+		{variants: []string{psBare}, warmUp: "ps-bare"},
+		{plugin: true, variants: []string{psCNI}, warmUp: "ps-bare"},
+	}},
+}
+
+// halvesOf is round's halves in the order they run: the order alternates
+// from round to round, so that each round ends in the mode the next one
+// starts with (one restart a round), and neither mode always goes first.
+func halvesOf(round int) [2]psHalf {
+	if round%2 == 1 {
+		return [2]psHalf{psHalves[1], psHalves[0]}
+	}
+	return psHalves
+}
+
+// blocksOf is a half's blocks in the order they run in round: reversed
+// in every other round, so that neither always follows the other. The
+// first round ends with nftredir-cni's block, so that even a run of one
+// round tears its cluster down with nftredir-cni in the chain.
+func blocksOf(h psHalf, round int) []psBlock {
+	out := slices.Clone(h.blocks)
+	if round%2 == 1 {
+		slices.Reverse(out)
+	}
+	return out
+}
+
+// turnOrder is the order of a block's variants for the i-th turn of
+// round: each goes first, and follows the other, equally often.
+func turnOrder(b psBlock, round, i int) []string {
+	out := slices.Clone(b.variants)
+	if (round+i)%2 == 1 {
+		slices.Reverse(out)
+	}
+	return out
+}
+
+// The section's targets: what capture may add to a pod's sandbox, what
+// the NRI handler may take for a pod it leaves alone, and what
+// Kubernetes mode may add to AddPod in the daemon.
 const (
-	maxCapturedExtraMS = 5.0
-	maxOutExtraMS      = 1.0
-	maxKubeAddRatio    = 1.25
+	maxCNIExtraMS     = 5.0
+	maxNRIExtraMS     = 1.0 // over the captured pod's kernel phases
+	maxNRIOutHandlerM = 0.2
+	minSignRounds     = 10
+	maxKubeAddRatio   = 1.25
 )
 
 var (
-	goalPSCaptured = fmt.Sprintf("captured pod's RunPodSandbox ≤ bare chain's + %g ms (p50s)", maxCapturedExtraMS)
-	goalPSOut      = fmt.Sprintf("not-captured pod's RunPodSandbox ≤ bare chain's + %g ms (p50s)", maxOutExtraMS)
-	goalKubeAdd    = fmt.Sprintf("AddPod in the daemon in Kubernetes mode (captured) ≤ %g× standalone with the same ruleset (p50s)", maxKubeAddRatio)
+	goalNRIOut        = fmt.Sprintf("NRI, pod not captured: no RunPodSandbox difference from no nftredir that the sign test resolves, over ≥ %d rounds", minSignRounds)
+	goalNRIOutHandler = fmt.Sprintf("NRI, pod not captured: the daemon's RunPodSandbox handler ≤ %g ms (p50)", maxNRIOutHandlerM)
+	goalNRICaptured   = fmt.Sprintf("NRI, pod captured: RunPodSandbox ≤ no nftredir's + its kernel phases + %g ms (p50s)", maxNRIExtraMS)
+	goalCNICaptured   = fmt.Sprintf("CNI, pod captured: RunPodSandbox ≤ no nftredir's + %g ms (p50s)", maxCNIExtraMS)
+	goalKubeAdd       = fmt.Sprintf("AddPod in the daemon in Kubernetes mode (CNI, captured) ≤ %g× standalone with the same ruleset (p50s)", maxKubeAddRatio)
 )
 
 // podStart is one pod's start.
@@ -88,10 +159,14 @@ type podStart struct {
 	sbProxyCPU, sbDaemonCPU time.Duration
 }
 
-// callLine is one AddPod as the daemon logged it.
+// callLine is one call as the daemon logged it: an AddPod over gRPC or
+// an NRI RunPodSandbox.
 type callLine struct {
 	total  time.Duration
 	phases map[string]float64 // ms, by calltrace phase
+	// pod and captured are the NRI handler's (its line names the pod).
+	pod      string
+	captured bool
 }
 
 // pluginLine is one ADD as nftredir-cni logged it.
@@ -107,8 +182,9 @@ type podStartResult struct {
 	rounds   int
 	perRound int
 	pods     []podStart
-	// kube holds the Kubernetes-mode daemon's AddPods, by variant
-	// (psOut, psCaptured); alone the standalone daemon's, sequential, in
+	// kube holds the Kubernetes-mode daemon's handlers, by variant: the
+	// NRI RunPodSandbox of psNRIOut's and psNRI's pods, the gRPC AddPod
+	// of psCNI's. alone holds the standalone daemon's, sequential, in
 	// each round while the cluster ran.
 	kube    map[string][]callLine
 	alone   []callLine
@@ -136,7 +212,10 @@ type podStartResult struct {
 	baselineExec []time.Duration
 	baselineCNI  string
 	clusterUp    time.Duration
-	load         []float64
+	// restarts are the daemon's restarts between the halves, from the
+	// stop until it served again with its node proxy connected.
+	restarts []time.Duration
+	load     []float64
 }
 
 // psMetric is one of the times taken of each pod start.
@@ -148,8 +227,9 @@ const (
 	// mCNI is the CNI chain's ADD within it, as containerd timed it.
 	mCNI
 	// mRest is RunPodSandbox outside the chain (the sandbox's namespace,
-	// the pause container through runc and its shim): the same work for
-	// every variant, and most of the run's noise.
+	// the pause container through runc and its shim, the NRI hook): the
+	// same work for every variant but the NRI hook's, and most of the
+	// run's noise.
 	mRest
 	// mReady is from the Create call to the watch event of the pod Ready.
 	mReady
@@ -187,7 +267,7 @@ func p50ms(ds []time.Duration) float64 {
 }
 
 // perRoundVs is, per round, a variant's p50 minus (or divided by) the
-// bare chain's p50 of the same round.
+// bare variant's p50 of the same round.
 func (r *podStartResult) perRoundVs(variant string, m psMetric, ratio bool) []float64 {
 	var out []float64
 	for round := range r.rounds {
@@ -205,13 +285,33 @@ func (r *podStartResult) perRoundVs(variant string, m psMetric, ratio bool) []fl
 }
 
 // pooledVs is a variant's p50 over every round minus (or divided by)
-// the bare chain's.
+// the bare variant's.
 func (r *podStartResult) pooledVs(variant string, m psMetric, ratio bool) float64 {
 	v, b := p50ms(r.durations(variant, -1, m)), p50ms(r.durations(psBare, -1, m))
 	if ratio {
 		return v / b
 	}
 	return v - b
+}
+
+// signs is how a variant's per-round differences from the bare variant
+// fall: above, below, and the sign test's chance of so lopsided a split
+// were the two equal.
+type signs struct {
+	above, below int
+	chance       float64
+}
+
+func (s signs) rounds() int { return s.above + s.below }
+
+// resolved says whether the run tells the difference from noise.
+func (s signs) resolved() bool { return s.chance < signtest.Significance }
+
+func (r *podStartResult) signsVs(variant string, m psMetric) signs {
+	var s signs
+	s.above, s.below = signtest.Count(r.perRoundVs(variant, m, false))
+	s.chance = signtest.Chance(s.above, s.below)
+	return s
 }
 
 // podStartPhase runs the section: a cluster, the daemon in Kubernetes
@@ -262,6 +362,11 @@ var sameSpecFlags = []string{
 	"--log-format", "json",
 }
 
+// psSettle is the pause after the daemon's restart, before the half's
+// first untimed pod: its start-up work (informers, the agent's first
+// pass, the node proxy's snapshot) is done by then.
+const psSettle = 2 * time.Second
+
 func (b *bench) podStart(t *progTB, alone, same *daemon, binDir string, r *podStartResult) {
 	// The daemon's state, its Kubernetes state and sockets on the run's
 	// tmpfs, as /run is on a node; the plugin's data dir and logs on disk,
@@ -271,6 +376,9 @@ func (b *bench) podStart(t *progTB, alone, same *daemon, binDir string, r *podSt
 	dir, run := t.TempDir(), filepath.Join(b.work, "kube")
 	begin := time.Now()
 	b.progress("pod start: starting the cluster (internal/kcluster)")
+	// containerd's NRI is on, as by default in containerd 2.x, with no
+	// validator: nothing of nftredir is configured in the runtime, so the
+	// bare variant has nftredir nowhere in its path.
 	c := kcluster.Start(t, kcluster.Options{ContainerdDebug: true})
 	r.clusterUp = time.Since(begin)
 	c.InstallCNIPlugin(t, "nftredir-cni", filepath.Join(binDir, "nftredir-cni"))
@@ -281,17 +389,15 @@ func (b *bench) podStart(t *progTB, alone, same *daemon, binDir string, r *podSt
 	cniLog := filepath.Join(dir, "cni.log")
 
 	// nftredird in Kubernetes mode, as a host process in the node's
-	// namespace, its flags as the e2e suite's mesh cluster gives them.
-	kd, err := startKubeDaemon(c, b.cfg.daemon, run, dir, zdsSock)
-	if err != nil {
-		t.Fatalf("start nftredird in Kubernetes mode: %v", err)
-	}
+	// namespace, its flags as the e2e suite's mesh cluster gives them;
+	// restarted between the halves of each round in the other mode.
+	kd := &kubeDaemon{c: c, bin: b.cfg.daemon, run: run, logDir: dir, zdsSock: zdsSock}
 	t.Cleanup(func() {
 		if err := kd.stop(); err != nil {
 			t.Errorf("stop the Kubernetes-mode daemon: %v", err)
 		}
 	})
-	if _, err := kd.waitServing(t.Context(), 2*time.Minute); err != nil {
+	if err := kd.start(t.Context(), halvesOf(0)[0].enrolment, false); err != nil {
 		t.Fatal(err)
 	}
 
@@ -305,80 +411,92 @@ func (b *bench) podStart(t *progTB, alone, same *daemon, binDir string, r *podSt
 		proxyPID = istiotest.StartZtunnel(t, c, bins, istiod, zdsSock).Pid()
 		r.proxy = "ztunnel (" + istiotest.ZtunnelEnv + "=" + bins.Ztunnel + ") with istiod " + istiotest.Version
 	} else {
-		if err := standInProxy(t, zdsSock); err != nil {
-			t.Fatalf("stand-in node proxy: %v", err)
-		}
+		standInProxy(t, zdsSock)
 		r.proxy = "a stand-in that acks every pod over ZDS (set " + istiotest.ZtunnelEnv + " for stock ztunnel)"
+	}
+	if err := kd.waitProxy(t.Context(), kd.mark); err != nil {
+		t.Fatal(err)
 	}
 
 	withPlugin := map[string]any{
 		"type":              "nftredir-cni",
-		"socket":            kd.socket,
+		"socket":            kd.socket(),
 		"timeout":           "10s",
 		"excludeNamespaces": []string{"kube-system", "istio-system"},
 		"logFile":           cniLog,
 		"dataDir":           filepath.Join(dir, "cni-data"),
 	}
-	nss := map[string]string{psBare: "ps-bare", psOut: "ps-out", psCaptured: "ps-mesh"}
-	c.CreateNamespace(t, nss[psBare], nil)
-	c.CreateNamespace(t, nss[psOut], nil)
-	c.CreateNamespace(t, nss[psCaptured], map[string]string{kube.DefaultModeLabel: kube.DefaultModeEnabled})
+	nss := map[string]string{psBare: "ps-bare", psNRIOut: "ps-out", psNRI: "ps-mesh", psCNI: "ps-mesh"}
+	c.CreateNamespace(t, "ps-bare", nil)
+	c.CreateNamespace(t, "ps-out", nil)
+	c.CreateNamespace(t, "ps-mesh", map[string]string{kube.DefaultModeLabel: kube.DefaultModeEnabled})
 	image := c.Standin(t)
 
-	chain := ""
-	useChain := func(name string) {
-		if chain == name {
+	withCNI := false
+	useChain := func(plugin bool) {
+		if withCNI == plugin {
 			return
 		}
-		if name == psBare {
-			c.WriteConflist(t)
-		} else {
+		if plugin {
 			c.WriteConflist(t, withPlugin)
+		} else {
+			c.WriteConflist(t)
 		}
-		chain = name
+		withCNI = plugin
 	}
-	kubeMark := kd.logSize()
+	kubeMark := kd.mark
 	// The daemon's and the proxy's CPU, sampled through the rounds, so
 	// that what they used during each sandbox can be read afterwards.
-	cpu := sampleCPU(kd.cmd.Process.Pid, proxyPID, cpuSampleEvery)
+	cpu := sampleCPU(&kd.pid, proxyPID, cpuSampleEvery)
 	cri := c.CRI(t)
+	// runPod starts one pod alone on the node: created, Ready, deleted
+	// and torn down before the next, so that no variant starts beside
+	// more pods than another. Its CPU figures are the daemon's and the
+	// proxy's from its Create call until it was Ready.
+	runPod := func(ns, name string) podStart {
+		proxy0, daemon0 := taskCPU(proxyPID), taskCPU(int(kd.pid.Load()))
+		ps, err := startPod(t.Context(), c, ns, name, image)
+		if err != nil {
+			t.Fatalf("%s/%s: %v", ns, name, err)
+		}
+		ps.daemonCPU = taskCPU(int(kd.pid.Load())) - daemon0
+		if proxyPID != 0 {
+			ps.proxyCPU = taskCPU(proxyPID) - proxy0
+		}
+		if err := deletePods(t.Context(), c, ns, []string{name}); err != nil {
+			t.Fatal(err)
+		}
+		if err := waitSandboxStopped(t.Context(), cri, ps.uid); err != nil {
+			t.Fatal(err)
+		}
+		// Let what the teardown set off (the kubelet's, the daemon's and
+		// the proxy's reactions) settle.
+		b.sleep(t.Context(), podGap)
+		return ps
+	}
 	for round := range r.rounds {
 		r.load = append(r.load, loadAvg())
 		b.progress("pod start, round %d/%d: %d pods per variant, one at a time (load %.2f)", round+1, r.rounds, r.perRound, loadAvg())
 		first := len(r.pods)
-		for i := range r.perRound {
-			// One pod of each variant, each alone on the node: created,
-			// Ready, deleted and torn down before the next, so that no
-			// variant starts beside more pods than another. The orders
-			// cycle through every permutation, so that each variant goes
-			// first, and follows each other one, as often as the rest:
-			// the machine's drift and what one pod's teardown leaves
-			// behind weigh on all of them alike.
-			order := psOrders[(round*r.perRound+i)%len(psOrders)]
-			for j, vi := range order {
-				v := psVariants[vi]
-				useChain(map[bool]string{true: psBare, false: "nftredir"}[v == psBare])
-				name := fmt.Sprintf("ps%d-%d-%d", round, i, j)
-				proxy0, daemon0 := taskCPU(proxyPID), taskCPU(kd.cmd.Process.Pid)
-				ps, err := startPod(t.Context(), c, nss[v], name, image)
+		for hi, h := range halvesOf(round) {
+			if kd.mode != h.enrolment {
+				took, err := kd.restart(t.Context(), h.enrolment)
 				if err != nil {
-					t.Fatalf("%s: %v", v, err)
-				}
-				ps.daemonCPU = taskCPU(kd.cmd.Process.Pid) - daemon0
-				if proxyPID != 0 {
-					ps.proxyCPU = taskCPU(proxyPID) - proxy0
-				}
-				ps.variant, ps.round = v, round
-				r.pods = append(r.pods, ps)
-				if err := deletePods(t.Context(), c, nss[v], []string{name}); err != nil {
 					t.Fatal(err)
 				}
-				if err := waitSandboxStopped(t.Context(), cri, ps.uid); err != nil {
-					t.Fatal(err)
+				r.restarts = append(r.restarts, took)
+				b.sleep(t.Context(), psSettle)
+			}
+			for bi, blk := range blocksOf(h, round) {
+				useChain(blk.plugin)
+				runPod(blk.warmUp, fmt.Sprintf("psw%d-%d-%d", round, hi, bi))
+				for i := range r.perRound {
+					for j, v := range turnOrder(blk, round, i) {
+						ps := runPod(nss[v], fmt.Sprintf("ps%d-%d-%d-%d-%d", round, hi, bi, i, j))
+						ps.variant, ps.round = v, round
+						r.pods = append(r.pods, ps)
+					}
 				}
-				// Let what the teardown set off (the kubelet's, the
-				// daemon's and the proxy's reactions) settle.
-				b.sleep(t.Context(), podGap)
 			}
 		}
 		for _, v := range psVariants {
@@ -440,26 +558,169 @@ func (b *bench) podStart(t *progTB, alone, same *daemon, binDir string, r *podSt
 	if missing > 0 {
 		t.Fatalf("containerd's log has no RunPodSandbox pair, or no CNI setup lines within it, for %d of %d pods", missing, len(r.pods))
 	}
-	lines, err := kd.addPodLines(kubeMark, kd.logSize())
-	if err != nil {
+	if err := r.takeHandlerLines(kd.log, kubeMark, kd.logSize()); err != nil {
 		t.Fatal(err)
-	}
-	for _, l := range lines {
-		v := psOut
-		if _, ok := l.phases["kernel"]; ok {
-			v = psCaptured
-		}
-		r.kube[v] = append(r.kube[v], l)
 	}
 	if r.plugin, err = pluginLines(cniLog); err != nil {
 		t.Fatal(err)
 	}
-	want := r.rounds * r.perRound
-	if n := len(r.kube[psCaptured]); n != want {
-		t.Fatalf("the Kubernetes-mode daemon logged %d captured AddPods, want %d", n, want)
+}
+
+// takeHandlerLines sorts the Kubernetes-mode daemon's log lines between
+// two marks by variant: the gRPC AddPods that captured a pod (a kernel
+// phase) are psCNI's pods' (the plugin is chained for them and for the
+// untimed pods outside the mesh before them, which it does not capture),
+// the NRI RunPodSandbox lines are matched to their pods by UID (the
+// untimed pods' dropped). Every timed pod must have its line, and each
+// line the outcome its variant means.
+func (r *podStartResult) takeHandlerLines(logPath string, from, to int64) error {
+	lines, err := readCallLines(logPath, from, to)
+	if err != nil {
+		return err
 	}
-	if n := len(r.kube[psOut]); n != want {
-		t.Fatalf("the Kubernetes-mode daemon logged %d not-captured AddPods, want %d", n, want)
+	variant := map[string]string{}
+	want := map[string]int{}
+	for _, p := range r.pods {
+		variant[p.uid] = p.variant
+		want[p.variant]++
+	}
+	for _, l := range lines {
+		if l.pod == "" {
+			if _, captured := l.phases["kernel"]; captured {
+				r.kube[psCNI] = append(r.kube[psCNI], l)
+			}
+			continue
+		}
+		v := variant[l.pod]
+		if v == "" {
+			continue // a warm-up pod's
+		}
+		if l.captured != (v == psNRI) {
+			return fmt.Errorf("the daemon's RunPodSandbox of a pod of %q says captured=%v", v, l.captured)
+		}
+		r.kube[v] = append(r.kube[v], l)
+	}
+	for _, v := range []string{psNRIOut, psNRI, psCNI} {
+		if n := len(r.kube[v]); n != want[v] {
+			return fmt.Errorf("the Kubernetes-mode daemon logged %d calls for %s, want %d", n, v, want[v])
+		}
+	}
+	return nil
+}
+
+// kubeDaemon is the section's nftredird in Kubernetes mode, in one
+// enrolment mode at a time: stopped and started again in the other
+// between the halves of a round, on the same state, sockets and log.
+type kubeDaemon struct {
+	c                         *kcluster.Cluster
+	bin, run, logDir, zdsSock string
+	cur                       *daemon
+	mode                      string
+	// log is the daemon's log, appended to by every start; mark is its
+	// size when the current daemon started.
+	log  string
+	mark int64
+	// pid is the current process's, for the CPU sampler.
+	pid atomic.Int64
+}
+
+func (k *kubeDaemon) socket() string { return filepath.Join(k.run, "sock", "nftredir.sock") }
+
+func (k *kubeDaemon) logSize() int64 {
+	fi, err := os.Stat(k.log)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// start starts the daemon in enrolment mode and waits until it serves
+// (in NRI mode, registered with the runtime) and, with waitProxy, until
+// the node proxy has its snapshot.
+func (k *kubeDaemon) start(ctx context.Context, mode string, waitProxy bool) error {
+	k.log = filepath.Join(k.logDir, "nftredird-kube.log")
+	k.mark = k.logSize()
+	d, err := startKubeDaemon(k.c, k.bin, k.run, k.log, k.zdsSock, mode)
+	if err != nil {
+		return fmt.Errorf("start nftredird in Kubernetes mode (--enrolment %s): %w", mode, err)
+	}
+	k.cur, k.mode = d, mode
+	k.pid.Store(int64(d.pid()))
+	if _, err := d.waitServing(ctx, 2*time.Minute); err != nil {
+		return err
+	}
+	if mode == defaults.EnrolmentNRI {
+		if _, err := waitLogLine(ctx, k.log, k.mark, 30*time.Second, func(l map[string]any) bool {
+			return l["@message"] == "registered with the runtime's NRI"
+		}); err != nil {
+			return fmt.Errorf("nftredird (--enrolment nri) not registered with containerd's NRI: %w", err)
+		}
+	}
+	if waitProxy {
+		return k.waitProxy(ctx, k.mark)
+	}
+	return nil
+}
+
+// waitProxy waits until the daemon has sent the node proxy its snapshot
+// since the log's mark.
+func (k *kubeDaemon) waitProxy(ctx context.Context, mark int64) error {
+	_, err := waitLogLine(ctx, k.log, mark, time.Minute, func(l map[string]any) bool { return l["@message"] == "snapshot sent" })
+	if err != nil {
+		return fmt.Errorf("the node proxy did not connect to nftredird: %w", err)
+	}
+	return nil
+}
+
+// restart stops the daemon and starts it in enrolment mode, and returns
+// how long it took until it served with the node proxy connected.
+func (k *kubeDaemon) restart(ctx context.Context, mode string) (time.Duration, error) {
+	t0 := time.Now()
+	if err := k.stop(); err != nil {
+		return 0, err
+	}
+	if err := k.start(ctx, mode, true); err != nil {
+		return 0, err
+	}
+	return time.Since(t0), nil
+}
+
+func (k *kubeDaemon) stop() error {
+	if k.cur == nil {
+		return nil
+	}
+	d := k.cur
+	k.cur = nil
+	return d.stop()
+}
+
+// waitLogLine waits until a JSON line after mark in the log at path
+// satisfies match, and returns it.
+func waitLogLine(ctx context.Context, path string, mark int64, limit time.Duration, match func(map[string]any) bool) (map[string]any, error) {
+	deadline := time.Now().Add(limit)
+	for {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		sc := bufio.NewScanner(io.NewSectionReader(f, mark, math.MaxInt64-mark))
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			var l map[string]any
+			if json.Unmarshal(sc.Bytes(), &l) == nil && match(l) {
+				f.Close()
+				return l, nil
+			}
+		}
+		f.Close()
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("no such line in %s within %s", path, limit)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }
 
@@ -629,14 +890,17 @@ type cpuSampler struct {
 	done    chan struct{}
 }
 
-func sampleCPU(daemonPID, proxyPID int, every time.Duration) *cpuSampler {
+// sampleCPU samples the daemon whose pid daemonPID holds now: the
+// daemon restarts between the halves of a round, and no window read
+// afterwards spans a restart.
+func sampleCPU(daemonPID *atomic.Int64, proxyPID int, every time.Duration) *cpuSampler {
 	s := &cpuSampler{quit: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
 		tick := time.NewTicker(every)
 		defer tick.Stop()
 		for {
-			s.samples = append(s.samples, cpuSample{time.Now(), taskCPU(daemonPID), taskCPU(proxyPID)})
+			s.samples = append(s.samples, cpuSample{time.Now(), taskCPU(int(daemonPID.Load())), taskCPU(proxyPID)})
 			select {
 			case <-tick.C:
 			case <-s.quit:
@@ -722,12 +986,14 @@ func (b *bench) aloneAddPods(ctx context.Context, d *daemon, round int) ([]callL
 
 // startKubeDaemon starts nftredird in Kubernetes mode in the cluster's
 // node namespace, with the admin kubeconfig (RBAC is not on its hot
-// path: the informers and patches are the same calls either way).
-func startKubeDaemon(c *kcluster.Cluster, bin, run, logDir, zdsSock string) (*daemon, error) {
+// path: the informers and patches are the same calls either way),
+// enrolling through enrolment: with NRI, on the cluster's NRI socket and
+// with its gate file in run, not the node's.
+func startKubeDaemon(c *kcluster.Cluster, bin, run, logPath, zdsSock, enrolment string) (*daemon, error) {
 	d := &daemon{
 		socket:   filepath.Join(run, "sock", "nftredir.sock"),
 		stateDir: filepath.Join(run, "state"),
-		logPath:  filepath.Join(logDir, "nftredird-kube.log"),
+		logPath:  logPath,
 		exited:   make(chan struct{}),
 	}
 	args := []string{
@@ -740,27 +1006,33 @@ func startKubeDaemon(c *kcluster.Cluster, bin, run, logDir, zdsSock string) (*da
 		// Nothing of an older daemon to move in.
 		"--kubernetes-state-dir=",
 		"--zds-socket", zdsSock,
+		"--enrolment", enrolment,
+	}
+	if enrolment != defaults.EnrolmentCNI {
+		args = append(args, "--nri-socket", c.NRISocket, "--nri-gate-file", filepath.Join(run, "nri-gate"))
 	}
 	return d, d.launch(c.NodeCommand(bin, args...))
 }
 
 // standInProxy connects to the ZDS socket as a node proxy would and acks
-// every request, until the run ends.
-func standInProxy(t *progTB, path string) error {
-	var p *zdstest.Peer
-	var err error
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if p, err = zdstest.Connect(t, path); err == nil || time.Now().After(deadline) {
-			break
+// every request, until the run ends; when the daemon restarts, it
+// connects again, as ztunnel does.
+func standInProxy(t *progTB, path string) {
+	serve := func() {
+		var p *zdstest.Peer
+		var err error
+		for t.Context().Err() == nil {
+			if p, err = zdstest.Connect(t, path); err == nil {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
-	}
-	if err != nil {
-		return err
-	}
-	if err := p.Write(zdstest.HelloMsg(1)); err != nil {
-		return err
-	}
-	go func() {
+		if p == nil {
+			return
+		}
+		if err := p.Write(zdstest.HelloMsg(1)); err != nil {
+			return
+		}
 		for t.Context().Err() == nil {
 			req, err := p.Recv(time.Second)
 			if err != nil {
@@ -774,8 +1046,12 @@ func standInProxy(t *progTB, path string) error {
 				return
 			}
 		}
+	}
+	go func() {
+		for t.Context().Err() == nil {
+			serve()
+		}
 	}()
-	return nil
 }
 
 // execTiming is a command timed from exec to exit.
@@ -936,7 +1212,17 @@ func parseSandboxTimes(r io.Reader) (map[string]sandboxWindow, error) {
 // addPodLines reads, from the daemon's log between two marks, each
 // AddPod's time in the daemon and its phases (calltrace).
 func (d *daemon) addPodLines(from, to int64) ([]callLine, error) {
-	f, err := os.Open(d.logPath)
+	lines, err := readCallLines(d.logPath, from, to)
+	return slices.DeleteFunc(lines, func(l callLine) bool { return l.pod != "" }), err
+}
+
+// readCallLines reads, from a daemon's log between two marks, each
+// AddPod the gRPC server logged (grpc.time_ms, from its first
+// interceptor to the handler's return) and each RunPodSandbox the NRI
+// handler logged (its time in the handler, the pod and whether it was
+// captured), with their phases (calltrace).
+func readCallLines(path string, from, to int64) ([]callLine, error) {
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
@@ -946,14 +1232,25 @@ func (d *daemon) addPodLines(from, to int64) ([]callLine, error) {
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		var line map[string]any
-		if json.Unmarshal(sc.Bytes(), &line) != nil || line["grpc.method"] != "AddPod" {
+		if json.Unmarshal(sc.Bytes(), &line) != nil {
 			continue
 		}
-		ms, ok := number(line["grpc.time_ms"])
+		var l callLine
+		var ms float64
+		var ok bool
+		switch {
+		case line["grpc.method"] == "AddPod":
+			ms, ok = number(line["grpc.time_ms"])
+		case line[nri.EventField] == "RunPodSandbox":
+			ms, ok = number(line[nri.TimeField])
+			l.pod, _ = line["pod"].(string)
+			l.captured, _ = line["captured"].(bool)
+			ok = ok && l.pod != ""
+		}
 		if !ok {
 			continue
 		}
-		l := callLine{total: time.Duration(ms * float64(time.Millisecond)), phases: map[string]float64{}}
+		l.total, l.phases = time.Duration(ms*float64(time.Millisecond)), map[string]float64{}
 		for k, v := range line {
 			name, ok := strings.CutPrefix(k, calltrace.FieldPrefix)
 			if !ok {
@@ -1022,7 +1319,7 @@ func totalP50(lines []callLine) float64 {
 
 // phaseOrder lists the phases the lines show, in the daemon's order.
 func phaseOrder(groups ...[]callLine) []string {
-	known := []string{"lock", "open", "pod_lookup", "sighting", "namespace_lookup", "admit", "release", "record", "kernel", "finish", "probe", "zds", "policy_added"}
+	known := []string{"enrolled", "lock", "open", "pod_lookup", "sighting", "namespace_lookup", "admit", "release", "record", "kernel", "finish", "probe", "zds", "policy_added"}
 	seen := map[string]bool{}
 	for _, g := range groups {
 		for _, l := range g {
@@ -1044,6 +1341,7 @@ func phaseOrder(groups ...[]callLine) []string {
 
 // phaseText says what each calltrace phase of AddPod covers.
 var phaseText = map[string]string{
+	"enrolled":         "NRI: the sandbox's AddPod; is the pod enrolled through it already",
 	"lock":             "validate + the pod's lock",
 	"open":             "open + check the netns",
 	"pod_lookup":       "policy: find the pod (informer cache, else a GET)",
@@ -1052,7 +1350,7 @@ var phaseText = map[string]string{
 	"admit":            "policy: options, ignored-annotation Events, request",
 	"release":          "not captured: release if enrolled",
 	"record":           "build ruleset, read + claim + write the record",
-	"kernel":           "ip rule + route, nft table",
+	"kernel":           "enter the netns (its netlink sockets, where open did not), ip rule + route, nft table",
 	"finish":           "publish to watchers",
 	"probe":            "node probe set",
 	"zds":              "hand the pod to the node proxy",

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"strings"
+
+	"github.com/nftredir/nftredir/internal/testkit/signtest"
 )
 
 const baselineSection = "This build against a baseline build"
@@ -130,17 +132,12 @@ func baselineVerdict(ratio spread, this, base float64) string {
 	}
 	// All on one side of 1 is also what two equal builds show now and
 	// then: each repetition is a coin toss, so n of them agree with
-	// chance 2·2^-n (a two-sided sign test). Below 5% the run resolves
-	// the difference; above, it only hints at it.
-	chance := 2 * math.Pow(0.5, float64(ratio.n))
+	// chance 2·2^-n (the sign test). Below 5% the run resolves the
+	// difference; above, it only hints at it.
+	chance := signtest.Chance(ratio.n, 0)
 	every := lead + fmt.Sprintf(", in every one of %d repetitions (ratio %.3f–%.3f)", ratio.n, ratio.lo, ratio.hi)
-	if chance >= significance {
+	if chance >= signtest.Significance {
 		return every + fmt.Sprintf(", which two equal builds would also show %.0f%% of the time: the run does not resolve a difference; more repetitions (-reps) would.", 100*chance)
 	}
 	return every + fmt.Sprintf("; two equal builds would show that %.1f%% of the time.", 100*chance)
 }
-
-// significance is the chance of a sign pattern under equal builds below
-// which a difference counts as resolved: with it, 6 or more repetitions
-// all on one side resolve one.
-const significance = 0.05

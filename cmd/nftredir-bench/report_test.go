@@ -195,3 +195,22 @@ func TestCNINotesFollowTheRun(t *testing.T) {
 		t.Errorf("notes of a run where bridge's DEL did not wait:\n%s", notes)
 	}
 }
+
+// TestRateNoteSaysWhenCPUIsNotTheLimit: a missed throughput target whose
+// CPU per call would allow it says how much of the cores the run left
+// idle, rather than only that the CPU allows it.
+func TestRateNoteSaysWhenCPUIsNotTheLimit(t *testing.T) {
+	// 1 ms of CPU and of wall time per call: 1000 pods/s, where 2 cores
+	// could serve 2000.
+	r := fakeRun{addP50: ms(1), inDaemon: ms(0.8), iptP50: ms(8), nftP50: ms(10), phases: kernel()}.report(t)
+	note := r.rateNote()
+	for _, want := range []string{"so 2 cores allow at most 2000 pods/s, with both busy all the time", "The run's 1000 pods/s is 50% of that: the cores were idle 50% of the time"} {
+		if !strings.Contains(note, want) {
+			t.Errorf("note lacks %q:\n%s", want, note)
+		}
+	}
+	r = fakeRun{addP50: ms(2), inDaemon: ms(0.8), iptP50: ms(8), nftP50: ms(10), phases: kernel()}.report(t)
+	if note := r.rateNote(); strings.Contains(note, "idle") {
+		t.Errorf("2 ms of CPU a call: the cores cannot reach the target, yet the note speaks of idle time:\n%s", note)
+	}
+}

@@ -37,6 +37,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/nftredir/nftredir/client"
+	"github.com/nftredir/nftredir/internal/testkit/signtest"
 )
 
 type build struct {
@@ -314,5 +315,23 @@ func report(builds []*build, rounds int) {
 		fmt.Printf("| %s | %.1f | %s | %s | %s | %.2f | %s |\n", b.name, float64(st.Size())/(1<<20),
 			cell(wall(func(b *build) []sample { return b.add })), cell(wall(func(b *build) []sample { return b.del })),
 			cell(addDel), median(cpu), cell(wall(func(b *build) []sample { return b.excl })))
+	}
+	// The differences a pod pays, round by round, and whether the run
+	// tells them from noise: each round's two execs of a build ran next
+	// to the baseline's, so the machine's drift weighs on both.
+	fmt.Printf("\nPer round, each build minus %s (ms): median [min–max], rounds above / below, and the sign test's chance of that split between equal builds (below %.2g: resolved)\n\n", base.name, signtest.Significance)
+	fmt.Println("| build | ADD+DEL wall | above / below | chance | ADD+DEL CPU | above / below | chance |")
+	fmt.Println("|---|---|---|---|---|---|---|")
+	cpuAddDel := func(b *build, i int) float64 { return ms(b.add[i].cpu) + ms(b.del[i].cpu) }
+	for _, b := range builds[1:] {
+		diff := func(f func(*build, int) float64) string {
+			var ds []float64
+			for i := range rounds {
+				ds = append(ds, f(b, i)-f(base, i))
+			}
+			above, below := signtest.Count(ds)
+			return fmt.Sprintf("%+.2f [%+.2f – %+.2f] | %d / %d | %.2g", median(ds), slices.Min(ds), slices.Max(ds), above, below, signtest.Chance(above, below))
+		}
+		fmt.Printf("| %s | %s | %s |\n", b.name, diff(addDel), diff(cpuAddDel))
 	}
 }

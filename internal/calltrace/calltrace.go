@@ -2,13 +2,13 @@
 // request log line says where the call's time went (e.g. an AddPod's
 // policy lookup, record write, kernel work and proxy hand-off) without a
 // tracing system on the node. A trace rides in the call's context; code
-// on the path marks the end of each phase, and the logging interceptor
-// reads the trace when the call finishes.
+// on the path marks the end of each phase, and whoever logs the call
+// (the gRPC server's logging interceptor, the NRI handler) reads the
+// trace when the call finishes.
 package calltrace
 
 import (
 	"context"
-	"math"
 	"sync"
 	"time"
 )
@@ -69,8 +69,13 @@ func (t *Trace) Fields() []any {
 	defer t.mu.Unlock()
 	out := make([]any, 0, 2*len(t.names))
 	for _, n := range t.names {
-		ms := float64(t.phases[n].Microseconds()) / 1000
-		out = append(out, FieldPrefix+n+"_ms", math.Round(ms*1000)/1000)
+		out = append(out, FieldPrefix+n+"_ms", Millis(t.phases[n]))
 	}
 	return out
+}
+
+// Millis is d in milliseconds to the microsecond, as log fields carry
+// times.
+func Millis(d time.Duration) float64 {
+	return float64(d.Microseconds()) / 1000
 }
