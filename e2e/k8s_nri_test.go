@@ -17,6 +17,7 @@ import (
 	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/internal/testkit/kcluster"
 	"github.com/nftredir/nftredir/internal/testkit/zdstest"
+	"github.com/nftredir/nftredir/nri"
 	nftredirv1 "github.com/nftredir/nftredir/proto/nftredir/v1"
 )
 
@@ -107,32 +108,23 @@ func wantNoCNIAdd(t *testing.T, cniLog string, p *corev1.Pod) {
 }
 
 // handlerTimes are the times the daemon's NRI handler event took for the
-// pods of uids, from its JSON log's debug lines.
+// pods of uids, from its JSON log's lines for each event.
 func handlerTimes(t *testing.T, log, event string, uids map[string]bool) []time.Duration {
 	t.Helper()
 	var out []time.Duration
 	for _, l := range strings.Split(log, "\n") {
-		var line struct {
-			Message string          `json:"@message"`
-			Pod     string          `json:"pod"`
-			Took    json.RawMessage `json:"took"`
-		}
-		if json.Unmarshal([]byte(l), &line) != nil || line.Message != event || !uids[line.Pod] {
+		var line map[string]any
+		if json.Unmarshal([]byte(l), &line) != nil || line["@message"] != event {
 			continue
 		}
-		var d time.Duration
-		var text string
-		switch {
-		case json.Unmarshal(line.Took, &d) == nil:
-		case json.Unmarshal(line.Took, &text) == nil:
-			var err error
-			if d, err = time.ParseDuration(text); err != nil {
-				t.Fatalf("took %q in %s", text, l)
-			}
-		default:
-			t.Fatalf("no time in %s", l)
+		if pod, _ := line["pod"].(string); !uids[pod] {
+			continue
 		}
-		out = append(out, d)
+		ms, ok := line[nri.TimeField].(float64)
+		if !ok {
+			t.Fatalf("no %s in %s", nri.TimeField, l)
+		}
+		out = append(out, time.Duration(ms*float64(time.Millisecond)))
 	}
 	return out
 }
