@@ -626,6 +626,7 @@ func (im *istioMesh) upgradeKeepsCapture(t *testing.T, server, client, other, ou
 		steady:    []*corev1.Pod{server, client, other, outsider},
 		annotated: []*corev1.Pod{server, client, other},
 		annos:     watchRedirection(t, im.Cluster, []*corev1.Pod{server, client, other}),
+		viaNRI:    im.door == defaults.EnrolmentNRI,
 	}
 	allowed.waitRun(t, time.Now(), 10, 30*time.Second, answered)
 	u.upgradeAndRollBack(t)

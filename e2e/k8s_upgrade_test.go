@@ -22,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/internal/testkit/kcluster"
 	"github.com/nftredir/nftredir/internal/testkit/nstest"
 )
@@ -120,6 +121,9 @@ type chartUpgrade struct {
 	annos     *annoWatch
 	// started are the pods started by the steps so far.
 	started []*corev1.Pod
+	// viaNRI: new pods are enrolled by the daemon's NRI hook, not
+	// nftredir-cni, whose log then has none of them.
+	viaNRI bool
 }
 
 // newPod is the template named name, its app dialling first.
@@ -526,8 +530,12 @@ func (u *chartUpgrade) step(t *testing.T, prefix string, helmArgs []string, imag
 			}
 		}
 		// Read once every ADD is done: each logs before it returns.
-		adds := cniAdds(t, u.m.cniLog)
+		adds := map[string]cniAdd{}
+		if !u.viaNRI {
+			adds = cniAdds(t, u.m.cniLog)
+		}
 		var refusedAt []string
+		var heldByValidator int
 		for _, p := range newPods {
 			fc, r := firstConnectionOf(t, c, p)
 			o := u.classify(r)
@@ -536,7 +544,11 @@ func (u *chartUpgrade) step(t *testing.T, prefix string, helmArgs []string, imag
 			case firstRefused:
 				// The chart's zdsRequireAck holds a sandbox until the
 				// proxy has the pod: none may start before.
-				refusedAt = append(refusedAt, fmt.Sprintf("%s enrolled at +%s", p.Name, adds[p.Name].at.Sub(start).Round(10*time.Millisecond)))
+				at := p.Name
+				if a, ok := adds[p.Name]; ok {
+					at = fmt.Sprintf("%s enrolled at +%s", p.Name, a.at.Sub(start).Round(10*time.Millisecond))
+				}
+				refusedAt = append(refusedAt, at)
 				t.Errorf("pod %s started before the node proxy had it: its app's first connection to %s was refused by the capture", p.Name, fc.To)
 			case firstDirect:
 				t.Errorf("pod %s started uncaptured: its app's first connection to %s reached %q", p.Name, fc.To, fc.Answer)
@@ -552,11 +564,20 @@ func (u *chartUpgrade) step(t *testing.T, prefix string, helmArgs []string, imag
 			if rt.restarts != 0 || len(rt.sandboxes) != 1 {
 				t.Errorf("pod %s: %s; want no restart, one sandbox", p.Name, rt)
 			}
-			n := 0
+			n, held := 0, false
 			for _, e := range c.PodEvents(t, p.Namespace, p.Name) {
-				if e.Reason == "FailedCreatePodSandBox" {
+				switch {
+				case e.Reason == "FailedCreatePodSandBox":
 					n += int(max(e.Count, 1))
+				case strings.Contains(e.Message, `required plugin "`+defaults.NRIPluginName+`" not present`):
+					held = true
 				}
+			}
+			if held {
+				heldByValidator++
+			}
+			if u.viaNRI {
+				wantNoCNIAdd(t, u.m.cniLog, p)
 			}
 			if n > 0 {
 				refusedSandboxes++
@@ -565,8 +586,13 @@ func (u *chartUpgrade) step(t *testing.T, prefix string, helmArgs []string, imag
 		}
 		t.Logf("pods started during the step: %d (one every %s, and %d more as the old pod began to stop); their apps' first connection to %s: %d through the proxy, %d refused by the capture before the proxy had the pod, %d uncaptured, %d failed otherwise",
 			len(started), podEvery, kicked, u.firstTarget, counts[firstThrough], counts[firstRefused], counts[firstDirect], counts[firstFailed])
-		t.Logf("their CNI ADDs' AddPod calls, the plugin's retries included: %s; %d pods had a sandbox refused first (%d FailedCreatePodSandBox events: the plugin failing closed while no daemon answered)",
-			summarizeAdds(t, adds, newPods), refusedSandboxes, refusalEvents)
+		if u.viaNRI {
+			t.Logf("enrolled through NRI, none through nftredir-cni; %d pods had their containers held by the runtime's validator while no daemon was registered, %d a sandbox refused first (%d FailedCreatePodSandBox events: the hook failing closed)",
+				heldByValidator, refusedSandboxes, refusalEvents)
+		} else {
+			t.Logf("their CNI ADDs' AddPod calls, the plugin's retries included: %s; %d pods had a sandbox refused first (%d FailedCreatePodSandBox events: the plugin failing closed while no daemon answered)",
+				summarizeAdds(t, adds, newPods), refusedSandboxes, refusalEvents)
+		}
 		if len(refusedAt) > 0 {
 			connected := "never"
 			if at := proxyConnectedAt(t, c, u.chart.Pod.Name); !at.IsZero() {
