@@ -126,16 +126,23 @@ func helmErr(t *testing.T, c *kcluster.Cluster, args ...string) (string, error) 
 
 // newDSHost makes the node's side of the DaemonSet's hostPaths in the
 // test's temporary directories, and logs the pods' and the plugin's logs
-// if the test fails.
+// if the test fails. The plugin's log is in the cluster's own directory:
+// the cluster's teardown runs CNI DELs after the test's other cleanups,
+// and a log in a test's temporary directory would be written again once
+// that is gone, and left behind.
 func newDSHost(t *testing.T, c *kcluster.Cluster) dsHost {
 	t.Helper()
 	tmp := t.TempDir()
+	logDir, err := os.MkdirTemp(c.Dir, "nftredir-cni-log-")
+	if err != nil {
+		t.Fatal(err)
+	}
 	h := dsHost{
 		run:       filepath.Join(tmp, "run"),
 		ztunnel:   filepath.Join(tmp, "ztunnel"),
 		cniBinLib: filepath.Join(tmp, "cni-lib"),
 		cniData:   filepath.Join(tmp, "cni-data"),
-		cniLog:    filepath.Join(tmp, "cni.log"),
+		cniLog:    filepath.Join(logDir, "cni.log"),
 	}
 	// There before the pod, as a node's own directories are: the install
 	// step copies the plugin into both bin dirs.
