@@ -129,12 +129,15 @@ func handlerTimes(t *testing.T, log, event string, uids map[string]bool) []time.
 	return out
 }
 
+// validatorRefusal is containerd's message when its NRI validator refuses
+// a container because nftredir is not registered.
+const validatorRefusal = `required plugin "` + defaults.NRIPluginName + `" not present`
+
 // refusedByValidator: the pod's container waits, refused by containerd's
 // NRI validator because nftredir is not registered.
 func refusedByValidator(p *corev1.Pod) bool {
-	want := `required plugin "` + defaults.NRIPluginName + `" not present`
 	for _, cs := range p.Status.ContainerStatuses {
-		if w := cs.State.Waiting; w != nil && strings.Contains(w.Message, want) {
+		if w := cs.State.Waiting; w != nil && strings.Contains(w.Message, validatorRefusal) {
 			return true
 		}
 	}

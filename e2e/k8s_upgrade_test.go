@@ -22,7 +22,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/nftredir/nftredir/internal/defaults"
 	"github.com/nftredir/nftredir/internal/testkit/kcluster"
 	"github.com/nftredir/nftredir/internal/testkit/nstest"
 )
@@ -569,7 +568,7 @@ func (u *chartUpgrade) step(t *testing.T, prefix string, helmArgs []string, imag
 				switch {
 				case e.Reason == "FailedCreatePodSandBox":
 					n += int(max(e.Count, 1))
-				case strings.Contains(e.Message, `required plugin "`+defaults.NRIPluginName+`" not present`):
+				case strings.Contains(e.Message, validatorRefusal):
 					held = true
 				}
 			}
